@@ -1,0 +1,78 @@
+"""The handler's own metrics, emitted through TorchServe's metrics API.
+
+TorchServe exposes a backend metric on /metrics only if metrics.yaml (the
+server's `metrics_config`) declares it with the same name, type and dimension
+names; an undeclared metric is dropped silently. Keep the two in step: the
+names below are the single list that metrics.yaml mirrors and tests check.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ts.metrics.dimension import Dimension
+from ts.metrics.metric_type_enum import MetricTypes
+
+logger = logging.getLogger(__name__)
+
+BATCHES = "bert_batches_total"
+ITEMS = "bert_items_total"
+REJECTED = "bert_rejected_items_total"
+FORWARD_PASSES = "bert_forward_passes_total"
+REAL_TOKENS = "bert_real_tokens_total"
+PADDED_TOKENS = "bert_padded_tokens_total"
+STAGE_MS = "bert_stage_milliseconds_total"
+LAST_BATCH_SIZE = "bert_last_batch_size"
+
+STAGES = ("validation", "tokenization", "forward", "response")
+
+# name -> (type, unit, extra dimension names after ModelName and Level)
+DECLARED: dict[str, tuple[MetricTypes, str, tuple[str, ...]]] = {
+    BATCHES: (MetricTypes.COUNTER, "Count", ()),
+    ITEMS: (MetricTypes.COUNTER, "Count", ()),
+    REJECTED: (MetricTypes.COUNTER, "Count", ("Reason",)),
+    FORWARD_PASSES: (MetricTypes.COUNTER, "Count", ()),
+    REAL_TOKENS: (MetricTypes.COUNTER, "Count", ()),
+    PADDED_TOKENS: (MetricTypes.COUNTER, "Count", ()),
+    STAGE_MS: (MetricTypes.COUNTER, "Milliseconds", ("Stage",)),
+    LAST_BATCH_SIZE: (MetricTypes.GAUGE, "Count", ()),
+}
+
+
+class HandlerMetrics:
+    """Thin wrapper so the handler states what happened, not how TorchServe records it.
+
+    A metrics failure is logged once and never affects a prediction.
+    """
+
+    def __init__(self, cache, model_name: str) -> None:
+        self._cache = cache
+        self._model_name = model_name
+        self._warned = False
+
+    def _emit(self, name: str, value: float, **extra: str) -> None:
+        if self._cache is None:
+            return
+        metric_type, unit, extra_dims = DECLARED[name]
+        dimensions = [Dimension("ModelName", self._model_name), Dimension("Level", "Model")]
+        dimensions += [Dimension(dim, extra[dim]) for dim in extra_dims]
+        try:
+            self._cache.add_metric(name, value, unit, dimensions=dimensions, metric_type=metric_type)
+        except Exception:  # noqa: BLE001 - metrics must never fail a batch
+            if not self._warned:
+                logger.warning("could not emit metric %s", name, exc_info=True)
+                self._warned = True
+
+    def batch(self, size: int, forward_passes: int, real_tokens: int, padded_tokens: int) -> None:
+        self._emit(BATCHES, 1)
+        self._emit(ITEMS, size)
+        self._emit(LAST_BATCH_SIZE, size)
+        self._emit(FORWARD_PASSES, forward_passes)
+        self._emit(REAL_TOKENS, real_tokens)
+        self._emit(PADDED_TOKENS, padded_tokens)
+
+    def rejected(self, reason: str) -> None:
+        self._emit(REJECTED, 1, Reason=reason)
+
+    def stage(self, stage: str, milliseconds: float) -> None:
+        self._emit(STAGE_MS, round(milliseconds, 3), Stage=stage)

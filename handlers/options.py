@@ -1,0 +1,74 @@
+"""Handler options, read from the ``handler:`` section of the archive's model-config.yaml.
+
+Every option has a default that serves; the table in README.md documents them.
+Unknown keys and wrong types fail the model load loudly rather than being ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+OVERLENGTH_POLICIES = ("truncate", "reject")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class HandlerOptions:
+    # Folder inside the archive that holds the Hugging Face checkpoint.
+    model_subdir: str = "model"
+    # Largest request body the handler accepts, in bytes (413 above it).
+    max_bytes: int = 64 * 1024
+    # Token cap per text; clipped to the model's own maximum at load time.
+    max_length: int = 256
+    # What to do with texts over max_length: "truncate" (200, truncated=true) or "reject" (422).
+    overlength: str = "truncate"
+    # Padded-token budget of one forward pass; a batch over it is split by length.
+    max_batch_tokens: int = 4096
+    # Pad sequence length up to a multiple of this (tensor-core friendly); 1 disables.
+    pad_to_multiple_of: int = 8
+    # Weights dtype: "auto" = float16 on CUDA, float32 on CPU.
+    dtype: str = "auto"
+    # Intra-op CPU threads per worker; 0 = all cores this process may use.
+    cpu_threads: int = 0
+    # Run one forward pass at load time so the first request is not slow.
+    warmup: bool = True
+    # Test-only fault hook: an item whose text contains this string makes the forward
+    # pass raise. Empty (the default) disables it; never set it in production.
+    fault_marker: str = ""
+    # Test-only: seconds to sleep in every forward pass (timeout tests). 0 disables.
+    fault_delay_s: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerOptions:
+        raw = dict(raw or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"unknown handler option(s): {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            default = getattr(cls, name)
+            expected = type(default)
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if type(value) is not expected:
+                raise ValueError(f"handler option {name!r} must be {expected.__name__}, got {value!r}")
+            values[name] = value
+        options = cls(**values)
+        options.check()
+        return options
+
+    def check(self) -> None:
+        if self.overlength not in OVERLENGTH_POLICIES:
+            raise ValueError(f"overlength must be one of {OVERLENGTH_POLICIES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}")
+        for name in ("max_bytes", "max_length", "max_batch_tokens", "pad_to_multiple_of"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_length < 3:
+            raise ValueError("max_length must leave room for the special tokens")
+        if self.cpu_threads < 0 or self.fault_delay_s < 0:
+            raise ValueError("cpu_threads and fault_delay_s must not be negative")

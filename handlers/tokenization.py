@@ -1,0 +1,87 @@
+"""Valid texts -> token ids (with the token cap), and token ids -> padded tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from handlers.batching import padded_length
+
+# Models whose position ids start after the padding index, so two positions are unusable.
+_OFFSET_POSITION_MODELS = {"roberta", "xlm-roberta", "camembert", "longformer"}
+
+
+@dataclass(frozen=True)
+class Encoding:
+    features: dict[str, list[int]]  # input_ids and, for BERT, token_type_ids
+    truncated: bool
+
+    @property
+    def length(self) -> int:
+        return len(self.features["input_ids"])
+
+
+@dataclass
+class PreparedBatch:
+    """What the handler's preprocess() hands to inference(): valid items only, by batch index."""
+
+    texts: dict[int, str] = field(default_factory=dict)
+    encodings: dict[int, Encoding] = field(default_factory=dict)
+
+
+def model_token_limit(tokenizer, config) -> int:
+    """The longest sequence this model can embed, from its config and tokenizer."""
+    limits = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        offset = 2 if getattr(config, "model_type", "") in _OFFSET_POSITION_MODELS else 0
+        limits.append(positions - offset)
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < 1_000_000:  # HF uses 1e30 for "unset"
+        limits.append(declared)
+    return min(limits) if limits else 512
+
+
+def encode(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoding]:
+    """Tokenize texts, capping each at max_length tokens and flagging those that were cut.
+
+    Tokenizing to max_length + 1 tells which texts are over the cap without a
+    second full pass; only those are tokenized again at the cap, so the special
+    tokens stay correct for any model family.
+    """
+    if not texts:
+        return []
+    probe = tokenizer(list(texts), truncation=True, max_length=max_length + 1, return_attention_mask=False)
+    rows = [{key: probe[key][i] for key in probe.keys()} for i in range(len(texts))]
+    over = [i for i, row in enumerate(rows) if len(row["input_ids"]) > max_length]
+    if over:
+        capped = tokenizer([texts[i] for i in over], truncation=True, max_length=max_length, return_attention_mask=False)
+        for j, i in enumerate(over):
+            rows[i] = {key: capped[key][j] for key in capped.keys()}
+    over_set = set(over)
+    return [Encoding(row, i in over_set) for i, row in enumerate(rows)]
+
+
+def padded_width(longest: int, multiple: int, limit: int) -> int:
+    """Width a group is padded to: its longest item rounded up to `multiple`, never past `limit`."""
+    return min(padded_length(longest, multiple), max(limit, longest))
+
+
+def collate(encodings: Sequence[Encoding], pad_token_id: int, multiple: int, limit: int) -> dict[str, torch.Tensor]:
+    """Right-pad a group to its longest item (rounded up to `multiple`, never past `limit`)."""
+    width = padded_width(max(e.length for e in encodings), multiple, limit)
+    batch: dict[str, torch.Tensor] = {}
+    for key in encodings[0].features:
+        fill = pad_token_id if key == "input_ids" else 0
+        tensor = torch.full((len(encodings), width), fill, dtype=torch.long)
+        for row, e in enumerate(encodings):
+            values = e.features[key]
+            tensor[row, : len(values)] = torch.tensor(values, dtype=torch.long)
+        batch[key] = tensor
+    mask = torch.zeros((len(encodings), width), dtype=torch.long)
+    for row, e in enumerate(encodings):
+        mask[row, : e.length] = 1
+    batch["attention_mask"] = mask
+    return batch

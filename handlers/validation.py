@@ -1,0 +1,31 @@
+"""Checks on decoded text that need no tokenizer. Pure and torch-free.
+
+The token-length cap needs the tokenizer and lives in tokenization.py.
+"""
+
+from __future__ import annotations
+
+from handlers import rejection
+from handlers.decoding import decode_payload
+from handlers.rejection import Rejection
+
+
+def validate_text(text: str) -> str | Rejection:
+    """Return the text unchanged if it can be tokenized, else the reason it cannot."""
+    if not text or text.isspace():
+        return rejection.empty_text()
+    try:
+        # JSON escapes can smuggle lone surrogates ("\ud800") into a str; the Rust
+        # tokenizer would raise on them mid-batch, so they are refused here.
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Rejection(400, "InvalidUnicode", f"text has an unpaired surrogate at index {exc.start}")
+    return text
+
+
+def decode_and_validate(value: object, content_type: str | None, max_bytes: int) -> str | Rejection:
+    """Payload -> valid text or rejection: everything that happens before batching."""
+    decoded = decode_payload(value, content_type, max_bytes)
+    if isinstance(decoded, Rejection):
+        return decoded
+    return validate_text(decoded)

