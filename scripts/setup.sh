@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv at the repo root, the project and its dependencies, the
+# demo model (build/demo-model) and its archive (model_store/bert.mar). A second run
+# skips every step whose output is already current.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+# The pinned CPU build is what this project is tested with; on a GPU host set
+# TORCH_SPEC to the CUDA build you want (an unpinned "torch" pulls CUDA wheels).
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+
+stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${TORCH_SPEC//[^A-Za-z0-9.]/_}"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing $TORCH_SPEC and the project (.[test,bench])"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet "$TORCH_SPEC"
+  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+
+echo "==> demo model"
+.venv/bin/python -m scripts.build_demo_model
+
+# Rebuild the archive when the model, the handler code or its options changed.
+if [ ! -f model_store/bert.mar ] || [ -n "$(find build/demo-model handlers model-config.yaml -newer model_store/bert.mar -not -name '*.pyc' -print -quit)" ]; then
+  echo "==> archiving model_store/bert.mar"
+  .venv/bin/python -m scripts.archive_model build/demo-model --name bert
+else
+  echo "==> model_store/bert.mar is up to date"
+fi
