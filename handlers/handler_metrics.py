@@ -58,7 +58,7 @@ class HandlerMetrics:
         dimensions += [Dimension(dim, extra[dim]) for dim in extra_dims]
         try:
             self._cache.add_metric(name, value, unit, dimensions=dimensions, metric_type=metric_type)
-        except Exception:  # noqa: BLE001 - metrics must never fail a batch
+        except Exception:
             if not self._warned:
                 logger.warning("could not emit metric %s", name, exc_info=True)
                 self._warned = True

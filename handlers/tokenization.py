@@ -54,12 +54,14 @@ def encode(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoding]:
     if not texts:
         return []
     probe = tokenizer(list(texts), truncation=True, max_length=max_length + 1, return_attention_mask=False)
-    rows = [{key: probe[key][i] for key in probe.keys()} for i in range(len(texts))]
+    rows = [{key: probe[key][i] for key in probe} for i in range(len(texts))]
     over = [i for i, row in enumerate(rows) if len(row["input_ids"]) > max_length]
     if over:
-        capped = tokenizer([texts[i] for i in over], truncation=True, max_length=max_length, return_attention_mask=False)
+        capped = tokenizer(
+            [texts[i] for i in over], truncation=True, max_length=max_length, return_attention_mask=False
+        )
         for j, i in enumerate(over):
-            rows[i] = {key: capped[key][j] for key in capped.keys()}
+            rows[i] = {key: capped[key][j] for key in capped}
     over_set = set(over)
     return [Encoding(row, i in over_set) for i, row in enumerate(rows)]
 

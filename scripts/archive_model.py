@@ -20,7 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 HANDLERS = REPO / "handlers"
 DEFAULT_CONFIG = REPO / "model-config.yaml"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 
 
 def check_checkpoint(checkpoint: Path) -> None:
@@ -80,7 +85,9 @@ def build_archive(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="Hugging Face checkpoint folder (config.json, weights, tokenizer)")
+    parser.add_argument(
+        "checkpoint", type=Path, help="Hugging Face checkpoint folder (config.json, weights, tokenizer)"
+    )
     parser.add_argument("--name", default="bert", help="model name, also the archive's file name (default: bert)")
     parser.add_argument("--version", default="1.0")
     parser.add_argument("--export-path", type=Path, default=REPO / "model_store")

@@ -51,7 +51,7 @@ def split(rows: list[tuple[str, str, str]]) -> tuple[list, list]:
 
 def stamp_of(args: argparse.Namespace) -> str:
     digest = hashlib.sha256()
-    for path in sorted(DATA.glob("reviews_*.tsv")) + [Path(__file__)]:
+    for path in [*sorted(DATA.glob("reviews_*.tsv")), Path(__file__)]:
         digest.update(path.read_bytes())
     digest.update(json.dumps([args.epochs, args.lr, args.batch_size, args.seed]).encode())
     return digest.hexdigest()
@@ -105,7 +105,9 @@ def train(args: argparse.Namespace) -> float:
             random.shuffle(order)
             for start in range(0, len(order), args.batch_size):
                 chunk = [train_set[i] for i in order[start : start + args.batch_size]]
-                batch = tokenizer([t for t, _ in chunk], padding=True, truncation=True, max_length=128, return_tensors="pt")
+                batch = tokenizer(
+                    [t for t, _ in chunk], padding=True, truncation=True, max_length=128, return_tensors="pt"
+                )
                 loss = model(**batch, labels=torch.tensor([y for _, y in chunk])).loss
                 loss.backward()
                 optimizer.step()

@@ -7,6 +7,7 @@ from the repository's config.properties with only ports and paths changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,10 +162,8 @@ class TorchServe:
             except ProcessLookupError:
                 pass
         # Workers can outlive the frontend briefly; make sure nothing of ours is left.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process = None
         self._console.close()
 
@@ -194,17 +193,25 @@ class TorchServe:
         }
         if response_timeout is not None:
             params["response_timeout"] = response_timeout
-        return self.session.post(f"{self.management_url}/models", params=params, headers=self.auth("management"), timeout=timeout)
+        return self.session.post(
+            f"{self.management_url}/models", params=params, headers=self.auth("management"), timeout=timeout
+        )
 
     def unregister(self, model: str, timeout: float = 120.0) -> requests.Response:
-        return self.session.delete(f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=timeout)
+        return self.session.delete(
+            f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=timeout
+        )
 
     def describe(self, model: str) -> list[dict]:
-        response = self.session.get(f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=10)
+        response = self.session.get(
+            f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=10
+        )
         response.raise_for_status()
         return response.json()
 
-    def predict(self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0) -> requests.Response:
+    def predict(
+        self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0
+    ) -> requests.Response:
         headers = {"Content-Type": content_type, **self.auth("inference")}
         data = body.encode("utf-8") if isinstance(body, str) else body
         return requests.post(f"{self.inference_url}/predictions/{model}", data=data, headers=headers, timeout=timeout)

@@ -1,0 +1,137 @@
+"""Shared fixtures: tiny and demo checkpoints, a minimal TorchServe context, a real TorchServe."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def unseen_reviews() -> list[tuple[str, str]]:
+    """(label, text) pairs written for the tests; none of them is in data/."""
+    with (DATA / "unseen_reviews.tsv").open(encoding="utf-8") as f:
+        return [(label, text) for label, text in csv.reader(f, delimiter="\t")]
+
+
+# ---- checkpoints and archives ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from scripts.random_model import build_random_classifier
+
+    return build_random_classifier(tmp_path_factory.mktemp("tiny") / "checkpoint", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint() -> Path:
+    """The trained demo model; scripts/setup.sh builds it, and so does this fixture if it is missing."""
+    from scripts.build_demo_model import DEFAULT_OUT, main
+
+    if not (DEFAULT_OUT / "model.safetensors").exists():
+        main([])
+    return DEFAULT_OUT
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory) -> Path:
+    """A private model store: tests never touch the repository's model_store/."""
+    return tmp_path_factory.mktemp("model_store")
+
+
+@pytest.fixture(scope="session")
+def make_archive(model_store, tmp_path_factory):
+    """Build <name>.mar into the private store from a checkpoint and optional handler options."""
+    import yaml
+
+    from scripts.archive_model import build_archive
+
+    def make(checkpoint: Path, name: str, **handler_options) -> str:
+        config = yaml.safe_load((REPO / "model-config.yaml").read_text())
+        config["handler"].update(handler_options)
+        config_path = tmp_path_factory.mktemp("config") / "model-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        build_archive(checkpoint, name=name, export_path=model_store, config_file=config_path)
+        return f"{name}.mar"
+
+    return make
+
+
+# ---- in-process handler ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def unpacked_model_dir(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The layout TorchServe unpacks an archive to: the checkpoint under model/."""
+    root = tmp_path_factory.mktemp("unpacked")
+    (root / "model").symlink_to(tiny_checkpoint, target_is_directory=True)
+    return root
+
+
+def make_context(model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny"):
+    """TorchServe's own Context class, filled the way its worker fills it."""
+    from ts.context import Context
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    metrics = MetricsCacheYamlImpl(str(REPO / "metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.model_name = model_name
+    manifest = {"model": {"modelName": model_name, "handler": "bert_handler.py"}}
+    return Context(
+        model_name,
+        str(model_dir),
+        manifest,
+        8,
+        None,
+        "0.12.0",
+        metrics=metrics,
+        model_yaml_config={"handler": dict(handler_options or {})},
+    )
+
+
+def set_batch(context, items: list[tuple[object, str | None]]) -> list[dict]:
+    """Fill the context's per-request state for a batch and return the handler's data list."""
+    from ts.context import RequestProcessor
+
+    context.request_ids = {i: f"req-{i}" for i in range(len(items))}
+    context.request_processor = [
+        RequestProcessor({"body": {"content-type": ct}} if ct is not None else {}) for _, ct in items
+    ]
+    context.metrics.set_request_ids(context.request_ids)
+    return [{"body": payload} for payload, _ in items]
+
+
+def statuses(context, n: int) -> list[int]:
+    return [context.get_response_status(i)[0] for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def loaded_handler(unpacked_model_dir):
+    from handlers.bert_handler import BertSequenceClassifierHandler
+
+    handler = BertSequenceClassifierHandler()
+    handler.initialize(make_context(unpacked_model_dir))
+    return handler
+
+
+# ---- a real TorchServe ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def torchserve(model_store, tmp_path_factory):
+    """One real TorchServe on free loopback ports, with its own store, logs and keys."""
+    from scripts.torchserve_process import TorchServe
+
+    server = TorchServe(tmp_path_factory.mktemp("torchserve"), model_store)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

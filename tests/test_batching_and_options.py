@@ -1,0 +1,62 @@
+"""Micro-batch planning and handler options: pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from handlers.batching import padded_length, plan_micro_batches
+from handlers.options import HandlerOptions
+
+
+def test_one_pass_when_padding_fits_the_budget():
+    assert plan_micro_batches([5, 30, 12], max_batch_tokens=96, multiple=8) == [[0, 1, 2]]
+
+
+def test_split_by_length_when_padding_would_exceed_the_budget():
+    lengths = [200, 10, 12, 190, 9, 11]
+    groups = plan_micro_batches(lengths, max_batch_tokens=256, multiple=8)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) == 1 or len(group) * padded_length(max(lengths[i] for i in group), 8) <= 256
+    # short items travel together, long ones apart
+    assert [4, 1, 5, 2] in groups
+
+
+def test_item_longer_than_budget_gets_its_own_group():
+    assert plan_micro_batches([600, 4], max_batch_tokens=100, multiple=1) == [[1], [0]]
+
+
+def test_empty_plan():
+    assert plan_micro_batches([], 100) == []
+
+
+def test_options_defaults_and_overrides():
+    assert HandlerOptions.from_mapping(None) == HandlerOptions()
+    options = HandlerOptions.from_mapping({"max_length": 64, "overlength": "reject", "fault_delay_s": 1})
+    assert (options.max_length, options.overlength, options.fault_delay_s) == (64, "reject", 1.0)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"max_lenght": 64},
+        {"max_length": "64"},
+        {"overlength": "drop"},
+        {"dtype": "int8"},
+        {"max_bytes": 0},
+        {"warmup": "yes"},
+        {"max_length": 2},
+    ],
+)
+def test_bad_options_fail_loudly(raw):
+    with pytest.raises(ValueError):
+        HandlerOptions.from_mapping(raw)
+
+
+def test_repository_model_config_is_valid():
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parent.parent / "model-config.yaml").read_text())
+    HandlerOptions.from_mapping(config["handler"])
