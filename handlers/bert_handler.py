@@ -188,10 +188,10 @@ class BertSequenceClassifierHandler(BaseHandler):
     # ---- helpers ------------------------------------------------------------------------
 
     def _forward(self, encodings: Sequence[Encoding], texts: Sequence[str] = ()) -> torch.Tensor:
-        if self.options.fault_delay_s:
-            time.sleep(self.options.fault_delay_s)
         if self.options.fault_marker and any(self.options.fault_marker in t for t in texts):
-            raise RuntimeError("injected fault (handler option fault_marker)")
+            if not self.options.fault_delay_s:
+                raise RuntimeError("injected fault (handler option fault_marker)")
+            time.sleep(self.options.fault_delay_s)
         batch = collate(encodings, self.tokenizer.pad_token_id or 0, self.options.pad_to_multiple_of, self.token_limit)
         return forward_probabilities(self.model, batch, self.device)
 

@@ -34,10 +34,10 @@ class HandlerOptions:
     cpu_threads: int = 0
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
-    # Test-only fault hook: an item whose text contains this string makes the forward
-    # pass raise. Empty (the default) disables it; never set it in production.
+    # Test-only fault hook: a forward pass holding an item whose text contains this string
+    # raises (or, with fault_delay_s > 0, stalls that many seconds instead). Empty, the
+    # default, disables it; never set it in production.
     fault_marker: str = ""
-    # Test-only: seconds to sleep in every forward pass (timeout tests). 0 disables.
     fault_delay_s: float = 0.0
 
     @classmethod

@@ -72,12 +72,14 @@ class TorchServe:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_store = Path(model_store)
-        self.ports = {"inference": free_port(), "management": free_port(), "metrics": free_port()}
+        self.ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc_i", "grpc_m")}
         properties = read_properties(CONFIG)
         properties.update(
             inference_address=f"http://127.0.0.1:{self.ports['inference']}",
             management_address=f"http://127.0.0.1:{self.ports['management']}",
             metrics_address=f"http://127.0.0.1:{self.ports['metrics']}",
+            grpc_inference_port=str(self.ports["grpc_i"]),
+            grpc_management_port=str(self.ports["grpc_m"]),
             model_store=str(self.model_store),
             metrics_config=str(METRICS_CONFIG),
         )

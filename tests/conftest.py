@@ -53,8 +53,9 @@ def make_archive(model_store, tmp_path_factory):
 
     from scripts.archive_model import build_archive
 
-    def make(checkpoint: Path, name: str, **handler_options) -> str:
+    def make(checkpoint: Path, name: str, model_config: dict | None = None, **handler_options) -> str:
         config = yaml.safe_load((REPO / "model-config.yaml").read_text())
+        config.update(model_config or {})
         config["handler"].update(handler_options)
         config_path = tmp_path_factory.mktemp("config") / "model-config.yaml"
         config_path.write_text(yaml.safe_dump(config))
