@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.inprocess import load_handler, unpacked_layout
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -70,43 +72,7 @@ def make_archive(model_store, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def unpacked_model_dir(tiny_checkpoint, tmp_path_factory) -> Path:
-    """The layout TorchServe unpacks an archive to: the checkpoint under model/."""
-    root = tmp_path_factory.mktemp("unpacked")
-    (root / "model").symlink_to(tiny_checkpoint, target_is_directory=True)
-    return root
-
-
-def make_context(model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny"):
-    """TorchServe's own Context class, filled the way its worker fills it."""
-    from ts.context import Context
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
-    metrics = MetricsCacheYamlImpl(str(REPO / "metrics.yaml"))
-    metrics.initialize_cache()
-    metrics.model_name = model_name
-    manifest = {"model": {"modelName": model_name, "handler": "bert_handler.py"}}
-    return Context(
-        model_name,
-        str(model_dir),
-        manifest,
-        8,
-        None,
-        "0.12.0",
-        metrics=metrics,
-        model_yaml_config={"handler": dict(handler_options or {})},
-    )
-
-
-def set_batch(context, items: list[tuple[object, str | None]]) -> list[dict]:
-    """Fill the context's per-request state for a batch and return the handler's data list."""
-    from ts.context import RequestProcessor
-
-    context.request_ids = {i: f"req-{i}" for i in range(len(items))}
-    context.request_processor = [
-        RequestProcessor({"body": {"content-type": ct}} if ct is not None else {}) for _, ct in items
-    ]
-    context.metrics.set_request_ids(context.request_ids)
-    return [{"body": payload} for payload, _ in items]
+    return unpacked_layout(tiny_checkpoint, tmp_path_factory.mktemp("unpacked"))
 
 
 def statuses(context, n: int) -> list[int]:
@@ -115,11 +81,7 @@ def statuses(context, n: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def loaded_handler(unpacked_model_dir):
-    from handlers.bert_handler import BertSequenceClassifierHandler
-
-    handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(unpacked_model_dir))
-    return handler
+    return load_handler(unpacked_model_dir)
 
 
 # ---- a real TorchServe ----------------------------------------------------------------------

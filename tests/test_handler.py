@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from tests.conftest import make_context, set_batch, statuses
+from scripts.inprocess import make_context, set_batch
+from tests.conftest import statuses
 
 TEXT = "text/plain"
 JSON = "application/json"

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.conftest import REPO, make_context, set_batch
+from scripts.inprocess import REPO, make_context, set_batch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
