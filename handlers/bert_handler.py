@@ -76,6 +76,7 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.options = HandlerOptions.from_mapping(yaml_config.get("handler"))
         self.manifest = context.manifest
         self.device = select_device(properties.get("gpu_id"))
+        self.options = self.options.for_device(self.device.type)
         if self.device.type == "cpu":
             threads = self.options.cpu_threads or len(os.sched_getaffinity(0))
             torch.set_num_threads(threads)

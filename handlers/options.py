@@ -7,7 +7,7 @@ Unknown keys and wrong types fail the model load loudly rather than being ignore
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 OVERLENGTH_POLICIES = ("truncate", "reject")
@@ -24,10 +24,14 @@ class HandlerOptions:
     max_length: int = 256
     # What to do with texts over max_length: "truncate" (200, truncated=true) or "reject" (422).
     overlength: str = "truncate"
-    # Padded-token budget of one forward pass; a batch over it is split by length.
-    max_batch_tokens: int = 4096
-    # Pad sequence length up to a multiple of this (tensor-core friendly); 1 disables.
-    pad_to_multiple_of: int = 8
+    # Padded-token budget of one forward pass; a batch over it is split into
+    # length-sorted micro-batches. 0 = auto: 256 on CPU, where compute grows with every
+    # padded token (measured best in docs/benchmarks.md), 8192 on CUDA, where a padded
+    # batch runs in parallel and each extra pass costs kernel launches.
+    max_batch_tokens: int = 0
+    # Pad sequence length up to a multiple of this. 0 = auto: 8 on CUDA (tensor cores),
+    # 1 on CPU (where padding is pure extra work).
+    pad_to_multiple_of: int = 0
     # Weights dtype: "auto" = float16 on CUDA, float32 on CPU.
     dtype: str = "auto"
     # Intra-op CPU threads per worker; 0 = all cores this process may use.
@@ -65,10 +69,22 @@ class HandlerOptions:
             raise ValueError(f"overlength must be one of {OVERLENGTH_POLICIES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}")
-        for name in ("max_bytes", "max_length", "max_batch_tokens", "pad_to_multiple_of"):
+        for name in ("max_bytes", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("max_batch_tokens", "pad_to_multiple_of"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (auto) or positive")
         if self.max_length < 3:
             raise ValueError("max_length must leave room for the special tokens")
         if self.cpu_threads < 0 or self.fault_delay_s < 0:
             raise ValueError("cpu_threads and fault_delay_s must not be negative")
+
+    def for_device(self, device_type: str) -> HandlerOptions:
+        """These options with every "auto" (0) resolved for a device type ("cpu", "cuda", ...)."""
+        cuda = device_type == "cuda"
+        return replace(
+            self,
+            max_batch_tokens=self.max_batch_tokens or (8192 if cuda else 256),
+            pad_to_multiple_of=self.pad_to_multiple_of or (8 if cuda else 1),
+        )
