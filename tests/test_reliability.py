@@ -273,6 +273,25 @@ def tiny_model_for_logs(torchserve, tiny_checkpoint, make_archive):
     torchserve.unregister("tiny-logs")
 
 
+def test_keys_can_be_rotated_with_the_api_key(torchserve, tiny_model_for_logs):
+    old = torchserve.keys()["inference"]
+    assert torchserve.predict(tiny_model_for_logs, "before rotation").status_code == 200
+    response = torchserve.session.post(
+        f"{torchserve.management_url}/token", params={"type": "inference"}, headers=torchserve.auth("API"), timeout=10
+    )
+    assert response.status_code == 200, response.text
+    new = torchserve.keys()["inference"]
+    assert new != old
+    stale = requests.post(
+        f"{torchserve.inference_url}/predictions/{tiny_model_for_logs}",
+        data=b"with the old key",
+        headers={"Authorization": f"Bearer {old}"},
+        timeout=10,
+    )
+    assert stale.status_code in (400, 401, 403)
+    assert torchserve.predict(tiny_model_for_logs, "with the new key").status_code == 200
+
+
 def test_the_shipped_configuration_listens_on_loopback_with_auth_on():
     from scripts.torchserve_process import read_properties
 
