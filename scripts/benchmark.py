@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="demo", help="demo, bert-base, tiny, or a checkpoint folder")
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--delays", type=lambda s: [int(x) for x in s.split(",")], default=[2, 10, 50])
+    parser.add_argument("--delays", type=lambda s: [int(x) for x in s.split(",")], default=[2, 5, 10, 50])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of load per cell")
     parser.add_argument("--texts", type=int, default=256, help="corpus size")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: the value in model-config.yaml")
