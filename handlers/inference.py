@@ -32,18 +32,22 @@ def run_isolating_faults(
     run: Callable[[Sequence[int]], torch.Tensor],
     group: Sequence[int],
     describe: Callable[[Sequence[int]], str] = lambda g: f"{len(g)} items",
+    _depth: int = 0,
 ) -> dict[int, torch.Tensor | Rejection]:
     """Run `group`; if the pass fails, bisect until only the items that fail alone fail.
 
     A healthy batch costs one call. A batch with one poisonous item costs about
-    2*log2(n) extra calls, and every other item still gets its own answer.
+    2*log2(n) extra calls, and every other item still gets its own answer. The
+    failure is logged once, with the shape of the group that first failed; the
+    items that fail alone are reported by the caller, per item.
     """
     try:
         probabilities = run(group)
         return {item: probabilities[row] for row, item in enumerate(group)}
     except Exception as exc:  # noqa: BLE001 - any failure is isolated, never propagated
         oom = _is_out_of_memory(exc)
-        logger.warning(
+        logger.log(
+            logging.WARNING if _depth == 0 else logging.DEBUG,
             "forward pass failed for %s (%s%s); retrying by bisection",
             describe(group),
             type(exc).__name__,
@@ -54,6 +58,6 @@ def run_isolating_faults(
         if len(group) == 1:
             return {group[0]: rejection.out_of_memory() if oom else rejection.inference_failed()}
     middle = len(group) // 2
-    results = run_isolating_faults(run, group[:middle], describe)
-    results.update(run_isolating_faults(run, group[middle:], describe))
+    results = run_isolating_faults(run, group[:middle], describe, _depth + 1)
+    results.update(run_isolating_faults(run, group[middle:], describe, _depth + 1))
     return results

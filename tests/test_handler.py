@@ -178,3 +178,17 @@ def test_fault_in_forward_pass_fails_only_the_culprit(unpacked_model_dir):
     bodies, codes = run(handler, context, items)
     assert codes == [200, 200, 200, 200, 500, 200, 200]
     assert bodies[4]["type"] == "InferenceFailed"
+
+
+def test_forward_failure_is_logged_once_with_the_batch_shape(unpacked_model_dir, caplog):
+    from handlers.bert_handler import BertSequenceClassifierHandler
+
+    options = {"fault_marker": "POISON", "warmup": False}
+    handler = BertSequenceClassifierHandler()
+    handler.initialize(make_context(unpacked_model_dir, options))
+    context = make_context(unpacked_model_dir, options)
+    caplog.set_level(logging.INFO)
+    run(handler, context, [(b"fine one", TEXT), (b"POISON here", TEXT), (b"fine two", TEXT), (b"fine 3", TEXT)])
+    failures = [r.getMessage() for r in caplog.records if "forward pass failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert "a group of 4 items" in failures[0] and "POISON" not in caplog.text
