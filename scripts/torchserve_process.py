@@ -7,6 +7,7 @@ from the repository's config.properties with only ports and paths changed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -134,6 +135,11 @@ class TorchServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one process group: frontend and workers stop together
         )
+        # Never leave a server behind: stop it at interpreter exit, and turn SIGTERM
+        # (e.g. a CI timeout) into a normal exit so that this hook runs.
+        atexit.register(self.stop)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
