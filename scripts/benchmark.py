@@ -346,7 +346,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {c['texts_per_s']:.1f} | {note} |")
     lines += ["", "| target | measured | goal | met |", "|---|---:|---:|---|"]
     for t in report["targets"]:
-        lines.append(f"| {t['target']} | {t['measured']:.2f} | {t['goal']:.2f} | {'yes' if t['met'] else 'NO'} |")
+        lines.append(f"| {t['target']} | {t['measured']:.3f} | {t['goal']:.3f} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

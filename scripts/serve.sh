@@ -2,13 +2,13 @@
 # README command 1: set up if needed, start TorchServe, register the model through the
 # management API with dynamic batching, wait until it is ready, print a curl to try.
 #   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8)
-#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 5, see README)
+#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2, see docs/benchmarks.md)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BATCH_SIZE=${BATCH_SIZE:-8}
-MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-5}
+MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2}
 MODEL_NAME=${MODEL_NAME:-bert}
 
 scripts/setup.sh
