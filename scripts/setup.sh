@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ]; then
   echo "==> installing $TORCH_SPEC and the project (.[test,bench])"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "$TORCH_SPEC"
-  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
+  .venv/bin/python -m pip install --quiet ".[test,bench]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
