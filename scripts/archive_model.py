@@ -28,6 +28,17 @@ WEIGHT_FILES = (
 )
 
 
+def write_model_config(path: Path, model_config: dict | None = None, **handler_options) -> Path:
+    """The repository's model-config.yaml with some settings changed, written to `path`."""
+    import yaml
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config.update(model_config or {})
+    config["handler"].update(handler_options)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def check_checkpoint(checkpoint: Path) -> None:
     """Fail early, before archiving, if the folder is not a loadable classifier checkpoint."""
     from transformers import AutoConfig, AutoTokenizer

@@ -124,26 +124,23 @@ async def closed_loop(url: str, headers: dict, texts: list[str], concurrency: in
 
 
 def read_counters(server, model: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
+    from scripts.torchserve_process import metric_value
 
-    wanted = {"bert_items_total": "items", "bert_batches_total": "batches", "bert_forward_passes_total": "passes",
-              "bert_real_tokens_total": "real", "bert_padded_tokens_total": "padded",
-              "bert_stage_milliseconds_total": "handler_ms"}  # fmt: skip
-    values = dict.fromkeys(wanted.values(), 0.0)
-    for family in text_string_to_metric_families(server.metrics_text()):
-        for sample in family.samples:
-            if sample.name in wanted and sample.labels.get("ModelName") == model:
-                values[wanted[sample.name]] += sample.value
-    return values
+    text = server.metrics_text()
+    names = {"items": "bert_items_total", "batches": "bert_batches_total", "real": "bert_real_tokens_total",
+             "padded": "bert_padded_tokens_total", "handler_ms": "bert_stage_milliseconds_total"}  # fmt: skip
+    return {key: metric_value(text, name, ModelName=model) for key, name in names.items()}
 
 
 def served_cells(args, checkpoint: Path, texts: list[str], workdir: Path, progress) -> list[dict]:
-    from scripts.archive_model import build_archive
+    from scripts.archive_model import build_archive, write_model_config
     from scripts.torchserve_process import TorchServe
 
     store = workdir / "store"
     options = {"cpu_threads": args.threads} if args.threads else {}
-    config = _model_config(workdir, dtype=args.dtype, **options)
+    if args.dtype:
+        options["dtype"] = args.dtype
+    config = write_model_config(workdir / "model-config.yaml", **options)
     build_archive(checkpoint, name="bench", export_path=store, config_file=config)
     configs = [(1, 0)] + [(args.batch_size, d) for d in args.delays]
     cells = []
@@ -178,16 +175,6 @@ def served_cells(args, checkpoint: Path, texts: list[str], workdir: Path, progre
                 )
             server.unregister("bench")
     return cells
-
-
-def _model_config(workdir: Path, **handler_options) -> Path:
-    import yaml
-
-    config = yaml.safe_load((REPO / "model-config.yaml").read_text())
-    config["handler"].update({k: v for k, v in handler_options.items() if v is not None})
-    path = workdir / "model-config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 # ---- ceilings ---------------------------------------------------------------------------------

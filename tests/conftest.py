@@ -51,17 +51,13 @@ def model_store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def make_archive(model_store, tmp_path_factory):
     """Build <name>.mar into the private store from a checkpoint and optional handler options."""
-    import yaml
-
-    from scripts.archive_model import build_archive
+    from scripts.archive_model import build_archive, write_model_config
 
     def make(checkpoint: Path, name: str, model_config: dict | None = None, **handler_options) -> str:
-        config = yaml.safe_load((REPO / "model-config.yaml").read_text())
-        config.update(model_config or {})
-        config["handler"].update(handler_options)
-        config_path = tmp_path_factory.mktemp("config") / "model-config.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        build_archive(checkpoint, name=name, export_path=model_store, config_file=config_path)
+        config = write_model_config(
+            tmp_path_factory.mktemp("config") / "model-config.yaml", model_config, **handler_options
+        )
+        build_archive(checkpoint, name=name, export_path=model_store, config_file=config)
         return f"{name}.mar"
 
     return make
