@@ -104,6 +104,7 @@ def drive(server: TorchServe, model: str, seconds: float, clients: int, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up even when piped
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--short", action="store_true", help="40 s of traffic after a 10 s warm-up, then assert")
@@ -128,7 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         drive(server, "soak", 10.0, args.clients, seed=1)  # warm-up: allocator pools, caches
         start_rss = worker_rss_mb(server, "soak")
         print(f"soaking for {seconds:.0f}s with {args.clients} clients; worker RSS at start {start_rss:.1f} MB")
-        sent, failures = drive(server, "soak", seconds, args.clients, seed=2)
+        outcome: list = []
+        traffic = threading.Thread(target=lambda: outcome.extend(drive(server, "soak", seconds, args.clients, seed=2)))
+        traffic.start()
+        started = time.monotonic()
+        # A leak grows steadily; warm-up growth levels off. Samples over time tell them apart.
+        while traffic.is_alive():
+            traffic.join(timeout=max(5.0, seconds / 10))
+            if traffic.is_alive():
+                print(f"  t={time.monotonic() - started:5.0f}s  worker RSS {worker_rss_mb(server, 'soak'):.1f} MB")
+        sent, failures = outcome
         end_rss = worker_rss_mb(server, "soak")
     growth = end_rss - start_rss
     print(f"requests: {sent}, {sent / seconds:.1f}/s")

@@ -4,3 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/runtime_env.sh
 .venv/bin/torchserve --stop --foreground
+echo "stop: done"
