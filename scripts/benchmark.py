@@ -206,6 +206,28 @@ def hf_loop_ceiling(checkpoint: Path, texts: list[str], batch_size: int, threads
     }
 
 
+def worst_batch_seconds(checkpoint: Path, batch_size: int, tokens: int, threads: int, repeats: int = 3) -> list[float]:
+    """Forward time of a full batch at the token cap: what responseTimeout must cover."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.set_num_threads(threads)
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
+    vocab = model.config.vocab_size
+    batch = {
+        "input_ids": torch.randint(5, vocab, (batch_size, tokens)),
+        "attention_mask": torch.ones(batch_size, tokens, dtype=torch.long),
+    }
+    times = []
+    with torch.inference_mode():
+        model(**batch)  # warm-up
+        for _ in range(repeats):
+            started = time.perf_counter()
+            model(**batch)
+            times.append(time.perf_counter() - started)
+    return times
+
+
 def handler_ceiling(checkpoint: Path, texts: list[str], batch_size: int, max_batch_tokens: int, threads: int) -> dict:
     """This project's handler in-process at batch B: validation, tokenization, planning, forward, JSON."""
     import tempfile
@@ -416,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
     parser.add_argument("--out", type=Path, default=REPO / "bench_out")
     parser.add_argument("--quick", action="store_true", help="tiny settings that finish in under a minute")
+    parser.add_argument(
+        "--worst-batch", action="store_true", help="only time one forward pass of batch-size x 256 tokens, and exit"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.delays, args.duration, args.texts = [1, 4, 16], [5], 3.0, 48
@@ -438,6 +463,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
     checkpoint = resolve_model(args.model, workdir)
+    if args.worst_batch:
+        times = worst_batch_seconds(checkpoint, args.batch_size, 256, args.threads or len(os.sched_getaffinity(0)))
+        print(
+            f"{args.model}: forward pass of {args.batch_size} x 256 tokens: " + ", ".join(f"{t:.2f} s" for t in times)
+        )
+        return 0
     texts = build_corpus(args.texts)
     from transformers import AutoTokenizer
 
