@@ -119,7 +119,7 @@ def small_queue_server(model_store, tmp_path_factory):
 
 
 def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
-    small_queue_server, tiny_checkpoint, make_archive
+    small_queue_server, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir
 ):
     server = small_queue_server
     archive = make_archive(tiny_checkpoint, "tiny-slow", fault_marker="SLOW", fault_delay_s=2.0)
@@ -129,19 +129,24 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
         blocker.start()
         time.sleep(0.5)  # the worker is now busy for two seconds
 
-        def timed(i: int) -> tuple[int, float, str]:
+        texts = [f"burst request {i}" for i in range(30)]
+
+        def timed(text: str) -> tuple[int, float, str]:
             started = time.monotonic()
-            response = server.predict("tiny-slow", f"burst request {i}", timeout=60)
+            response = server.predict("tiny-slow", text, timeout=60)
             return response.status_code, time.monotonic() - started, response.text
 
         with ThreadPoolExecutor(max_workers=30) as pool:
-            burst = list(pool.map(timed, range(30)))
+            burst = list(pool.map(timed, texts))
         blocker.join()
+        expected = expected_alone(loaded_handler, unpacked_model_dir, texts)
         rejected = [b for b in burst if b[0] == 503]
-        admitted = [b for b in burst if b[0] != 503]
+        admitted = [(b, e) for b, e in zip(burst, expected) if b[0] != 503]
         assert rejected, "a burst of 30 into a queue of 4 must shed load"
         assert all(seconds < 1.5 for _, seconds, _ in rejected), "503s must come back at once, not after a wait"
-        assert all(status == 200 for status, _, _ in admitted), admitted
+        for (status, _, body), single in admitted:
+            assert status == 200, body
+            assert json.loads(body)["score"] == pytest.approx(single["score"], abs=1e-4)
         assert len(admitted) <= 4 + 1
         after = [server.predict("tiny-slow", f"after the burst {i}").status_code for i in range(10)]
         assert after == [200] * 10
