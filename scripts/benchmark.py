@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.concurrency, args.delays, args.duration, args.texts = [1, 4, 16], [5], 3.0, 48
+        args.concurrency, args.delays, args.duration, args.texts = [1, 4, 16], [2], 2.0, 48
     if args.max_batch_tokens is None:
         import yaml
 

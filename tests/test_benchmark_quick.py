@@ -25,7 +25,7 @@ def test_quick_benchmark_output_is_complete(tmp_path):
     report = json.loads((tmp_path / "benchmark.json").read_text())
 
     configs = {c["config"] for c in report["served"]}
-    assert configs == {"batch_size=1", "batch_size=8, delay=5ms"}
+    assert configs == {"batch_size=1", "batch_size=8, delay=2ms"}
     assert {c["concurrency"] for c in report["served"]} == {1, 4, 16}
     for cell in report["served"]:
         assert cell["errors"] == 0
