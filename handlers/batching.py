@@ -14,6 +14,16 @@ def padded_length(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
+def padded_width(longest: int, multiple: int, limit: int) -> int:
+    """Width a group is padded to: its longest item rounded up to `multiple`, never past `limit`."""
+    return min(padded_length(longest, multiple), max(limit, longest))
+
+
+def padded_tokens(lengths: Sequence[int], groups: Sequence[Sequence[int]], multiple: int, limit: int) -> int:
+    """Tokens a plan actually computes, padding included (compare with sum(lengths))."""
+    return sum(len(group) * padded_width(max(lengths[p] for p in group), multiple, limit) for group in groups)
+
+
 def plan_micro_batches(lengths: Sequence[int], max_batch_tokens: int, multiple: int = 1) -> list[list[int]]:
     """Group item positions into forward passes whose padded size fits the budget.
 

@@ -20,14 +20,14 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
-from handlers.batching import plan_micro_batches
+from handlers.batching import padded_tokens, plan_micro_batches
 from handlers.decoding import payload_of
 from handlers.handler_metrics import HandlerMetrics
 from handlers.inference import forward_probabilities, run_isolating_faults
 from handlers.options import HandlerOptions
 from handlers.rejection import Rejection
 from handlers.responses import error_json, label_names, prediction_body, to_json
-from handlers.tokenization import Encoding, PreparedBatch, collate, encode, model_token_limit, padded_width
+from handlers.tokenization import Encoding, PreparedBatch, collate, encode, model_token_limit
 from handlers.validation import decode_and_validate
 
 logger = logging.getLogger(__name__)
@@ -162,17 +162,15 @@ class BertSequenceClassifierHandler(BaseHandler):
         lengths = [prepared.encodings[i].length for i in indices]
         groups = plan_micro_batches(lengths, self.options.max_batch_tokens, self.options.pad_to_multiple_of)
         outputs: dict[int, torch.Tensor | Rejection] = {}
-        padded_tokens = 0
+
+        def run(subset: Sequence[int]) -> torch.Tensor:
+            return self._forward([prepared.encodings[i] for i in subset], [prepared.texts[i] for i in subset])
+
+        describe = self._describe_group(prepared)
         for group in groups:
-            members = [indices[p] for p in group]
-            longest = max(lengths[p] for p in group)
-            padded_tokens += len(members) * padded_width(longest, self.options.pad_to_multiple_of, self.token_limit)
-
-            def run(subset: Sequence[int]) -> torch.Tensor:
-                return self._forward([prepared.encodings[i] for i in subset], [prepared.texts[i] for i in subset])
-
-            outputs.update(run_isolating_faults(run, members, self._describe_group(prepared)))
-        self.metrics.batch(len(self._results), len(groups), sum(lengths), padded_tokens)
+            outputs.update(run_isolating_faults(run, [indices[p] for p in group], describe))
+        padded = padded_tokens(lengths, groups, self.options.pad_to_multiple_of, self.token_limit)
+        self.metrics.batch(len(self._results), len(groups), sum(lengths), padded)
         return outputs
 
     def postprocess(self, data: tuple[PreparedBatch, dict[int, torch.Tensor | Rejection]]) -> list:

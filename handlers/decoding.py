@@ -87,7 +87,6 @@ def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str 
     The byte limit is checked first, on the bytes the client sent, so an
     oversized body costs no decoding work.
     """
-    as_json = is_json_content_type(content_type)
     if value is None:
         return rejection.empty_text()
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -95,22 +94,20 @@ def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str 
         if len(raw) > max_bytes:
             return rejection.payload_too_large(len(raw), max_bytes)
         text = _utf8(raw)
-        if isinstance(text, Rejection) or not as_json:
+        if isinstance(text, Rejection):
             return text
-        document = _parse_json(text)
-        if isinstance(document, Rejection):
-            return document
-        return text_from_json(document)
-    if isinstance(value, str):
+    elif isinstance(value, str):
+        # Already decoded by TorchServe: text/*, or JSON its own parser gave up on.
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > max_bytes:
             return rejection.payload_too_large(size, max_bytes)
-        if not as_json:
-            return value
-        # TorchServe hands back the raw text when its own JSON parse failed.
-        document = _parse_json(value)
-        if isinstance(document, Rejection):
-            return document
-        return text_from_json(document)
-    # Already parsed by TorchServe (application/json): a dict, list, number ...
-    return text_from_json(value)
+        text = value
+    else:
+        # Already parsed by TorchServe (application/json): a dict, list, number ...
+        return text_from_json(value)
+    if not is_json_content_type(content_type):
+        return text
+    document = _parse_json(text)
+    if isinstance(document, Rejection):
+        return document
+    return text_from_json(document)

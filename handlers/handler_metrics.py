@@ -2,8 +2,8 @@
 
 TorchServe exposes a backend metric on /metrics only if metrics.yaml (the
 server's `metrics_config`) declares it with the same name, type and dimension
-names; an undeclared metric is dropped silently. Keep the two in step: the
-names below are the single list that metrics.yaml mirrors and tests check.
+names; an undeclared metric is dropped silently. Keep the two in step:
+tests/test_e2e_service.py reads every name below back from a real /metrics.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ REAL_TOKENS = "bert_real_tokens_total"
 PADDED_TOKENS = "bert_padded_tokens_total"
 STAGE_MS = "bert_stage_milliseconds_total"
 LAST_BATCH_SIZE = "bert_last_batch_size"
-
-STAGES = ("validation", "tokenization", "forward", "response")
 
 # name -> (type, unit, extra dimension names after ModelName and Level)
 DECLARED: dict[str, tuple[MetricTypes, str, tuple[str, ...]]] = {

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from handlers.batching import padded_length
+from handlers.batching import padded_width
 
 # Models whose position ids start after the padding index, so two positions are unusable.
 _OFFSET_POSITION_MODELS = {"roberta", "xlm-roberta", "camembert", "longformer"}
@@ -66,24 +66,14 @@ def encode(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoding]:
     return [Encoding(row, i in over_set) for i, row in enumerate(rows)]
 
 
-def padded_width(longest: int, multiple: int, limit: int) -> int:
-    """Width a group is padded to: its longest item rounded up to `multiple`, never past `limit`."""
-    return min(padded_length(longest, multiple), max(limit, longest))
-
-
 def collate(encodings: Sequence[Encoding], pad_token_id: int, multiple: int, limit: int) -> dict[str, torch.Tensor]:
     """Right-pad a group to its longest item (rounded up to `multiple`, never past `limit`)."""
     width = padded_width(max(e.length for e in encodings), multiple, limit)
-    batch: dict[str, torch.Tensor] = {}
-    for key in encodings[0].features:
-        fill = pad_token_id if key == "input_ids" else 0
-        tensor = torch.full((len(encodings), width), fill, dtype=torch.long)
-        for row, e in enumerate(encodings):
-            values = e.features[key]
-            tensor[row, : len(values)] = torch.tensor(values, dtype=torch.long)
-        batch[key] = tensor
-    mask = torch.zeros((len(encodings), width), dtype=torch.long)
+    shape = (len(encodings), width)
+    batch = {key: torch.full(shape, pad_token_id if key == "input_ids" else 0) for key in encodings[0].features}
+    batch["attention_mask"] = torch.zeros(shape, dtype=torch.long)
     for row, e in enumerate(encodings):
-        mask[row, : e.length] = 1
-    batch["attention_mask"] = mask
+        for key, values in e.features.items():
+            batch[key][row, : len(values)] = torch.tensor(values)
+        batch["attention_mask"][row, : e.length] = 1
     return batch

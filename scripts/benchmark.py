@@ -232,8 +232,8 @@ def handler_ceiling(checkpoint: Path, texts: list[str], batch_size: int, max_bat
     """This project's handler in-process at batch B: validation, tokenization, planning, forward, JSON."""
     import tempfile
 
-    from handlers.batching import plan_micro_batches
-    from handlers.tokenization import encode, padded_width
+    from handlers.batching import padded_tokens, plan_micro_batches
+    from handlers.tokenization import encode
     from scripts.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
     model_dir = unpacked_layout(checkpoint, Path(tempfile.mkdtemp(prefix="bench-unpacked-")))
@@ -254,8 +254,7 @@ def handler_ceiling(checkpoint: Path, texts: list[str], batch_size: int, max_bat
         groups = plan_micro_batches(lengths, max_batch_tokens, multiple)
         passes += len(groups)
         real += sum(lengths)
-        for group in groups:
-            padded += len(group) * padded_width(max(lengths[p] for p in group), multiple, handler.token_limit)
+        padded += padded_tokens(lengths, groups, multiple, handler.token_limit)
     return {
         "texts_per_s": len(texts) / elapsed,
         "padding_waste": padded / real,
@@ -441,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--worst-batch", action="store_true", help="only time one forward pass of batch-size x 256 tokens, and exit"
     )
+    parser.add_argument(
+        "--sweep-max-batch-tokens",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="only measure the in-process handler ceiling at each of these budgets, and exit",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.delays, args.duration, args.texts = [1, 4, 16], [2], 2.0, 48
@@ -470,6 +474,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     texts = build_corpus(args.texts)
+    if args.sweep_max_batch_tokens:
+        threads = args.threads or len(os.sched_getaffinity(0))
+        print("| max_batch_tokens | texts/s | padded/real | forward passes per batch |\n|---:|---:|---:|---:|")
+        for budget in args.sweep_max_batch_tokens:
+            c = handler_ceiling(checkpoint, texts, args.batch_size, budget, threads)
+            waste, passes = c["padding_waste"], c["forward_passes_per_batch"]
+            print(f"| {budget} | {c['texts_per_s']:.1f} | {waste:.2f} | {passes:.2f} |")
+        return 0
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)

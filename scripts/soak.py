@@ -82,9 +82,10 @@ def drive(server: TorchServe, model: str, seconds: float, clients: int, seed: in
         rng = random.Random(seed * 1000 + n)
         session = requests.Session()
         url = f"{server.inference_url}/predictions/{model}"
+        auth = server.auth("inference")  # read the key file once per client, not per request
         while time.monotonic() < deadline:
             body, content_type, expected = make_request(rng)
-            headers = {"Content-Type": content_type, **server.auth("inference")}
+            headers = {"Content-Type": content_type, **auth}
             try:
                 status = session.post(url, data=body, headers=headers, timeout=60).status_code
                 problem = None if status == expected else f"status {status}, expected {expected}"

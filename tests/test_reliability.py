@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def expected_alone(handler, unpacked_model_dir, texts: list[str]) -> list[dict]:
     """The answer for each text sent alone, from the same handler code and weights in-process."""
     answers = []
+    context = make_context(unpacked_model_dir)  # set_batch refills its per-request state each time
     for text in texts:
-        context = make_context(unpacked_model_dir)
         [out] = handler.handle(set_batch(context, [(text.encode(), "text/plain")]), context)
         answers.append(json.loads(out))
     return answers
@@ -77,11 +77,11 @@ def test_two_thousand_concurrent_requests_each_get_their_own_answer(
     try:
         texts = [f"request {i}: " + " ".join(f"w{(i * 7 + k) % 97}" for k in range(3 + i % 20)) for i in range(2000)]
         session_per_thread = threading.local()
+        headers = {"Content-Type": "text/plain", **torchserve.auth("inference")}
 
         def send(text: str) -> tuple[int, dict]:
             if not hasattr(session_per_thread, "s"):
                 session_per_thread.s = requests.Session()
-            headers = {"Content-Type": "text/plain", **torchserve.auth("inference")}
             r = session_per_thread.s.post(
                 f"{torchserve.inference_url}/predictions/tiny-load", data=text.encode(), headers=headers, timeout=60
             )
