@@ -2,110 +2,36 @@
 
     python -m scripts.archive_model path/to/checkpoint [--name bert] [--export-path model_store]
 
-The archive holds the checkpoint under model/, the handlers package as it is in
-this repository (the code the tests import), and model-config.yaml whose
-`handler:` section holds the handler options.
+The work is done by tooling/archiving.py; this is its command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-HANDLERS = REPO / "handlers"
-DEFAULT_CONFIG = REPO / "model-config.yaml"
-WEIGHT_FILES = (
-    "model.safetensors",
-    "pytorch_model.bin",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-)
+from tooling.archiving import DEFAULT_CONFIG, NotACheckpoint, build_archive
+from tooling.paths import MODEL_STORE
 
 
-def write_model_config(path: Path, model_config: dict | None = None, **handler_options) -> Path:
-    """The repository's model-config.yaml with some settings changed, written to `path`."""
-    import yaml
-
-    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    config.update(model_config or {})
-    config["handler"].update(handler_options)
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def check_checkpoint(checkpoint: Path) -> None:
-    """Fail early, before archiving, if the folder is not a loadable classifier checkpoint."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    if not (checkpoint / "config.json").is_file():
-        sys.exit(f"{checkpoint}: no config.json; expected a Hugging Face checkpoint folder")
-    if not any((checkpoint / name).is_file() for name in WEIGHT_FILES):
-        sys.exit(f"{checkpoint}: no weights ({', '.join(WEIGHT_FILES)})")
-    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-    AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    print(f"checkpoint: {config.model_type}, labels {config.id2label}")
-
-
-def stage(checkpoint: Path, staging: Path) -> None:
-    model_dir = staging / "model"
-    model_dir.mkdir(parents=True)
-    for item in checkpoint.iterdir():
-        if item.is_file():
-            shutil.copy2(item, model_dir / item.name)
-    shutil.copytree(HANDLERS, staging / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-
-
-def build_archive(
-    checkpoint: Path,
-    name: str = "bert",
-    export_path: Path = REPO / "model_store",
-    config_file: Path = DEFAULT_CONFIG,
-    version: str = "1.0",
-) -> Path:
-    checkpoint = checkpoint.resolve()
-    check_checkpoint(checkpoint)
-    export_path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mar-staging-") as tmp:
-        staging = Path(tmp)
-        stage(checkpoint, staging / "content")
-        command = [
-            str(Path(sys.executable).with_name("torch-model-archiver")),
-            "--model-name", name,
-            "--version", version,
-            "--handler", str(HANDLERS / "bert_handler.py"),
-            "--extra-files", str(staging / "content"),
-            "--config-file", str(config_file),
-            "--export-path", str(export_path),
-            "--force",
-        ]  # fmt: skip
-        # The archiver stages files in $TMPDIR/<model name> and deletes that folder
-        # first; a private TMPDIR keeps it from wiping an unrelated /tmp/<name>.
-        env = {**os.environ, "TMPDIR": str(staging / "archiver-tmp")}
-        (staging / "archiver-tmp").mkdir()
-        subprocess.run(command, check=True, env=env)
-    archive = export_path / f"{name}.mar"
-    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
-    return archive
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "checkpoint", type=Path, help="Hugging Face checkpoint folder (config.json, weights, tokenizer)"
     )
     parser.add_argument("--name", default="bert", help="model name, also the archive's file name (default: bert)")
     parser.add_argument("--version", default="1.0")
-    parser.add_argument("--export-path", type=Path, default=REPO / "model_store")
+    parser.add_argument("--export-path", type=Path, default=MODEL_STORE)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model-config.yaml with handler options")
     args = parser.parse_args(argv)
-    build_archive(args.checkpoint, args.name, args.export_path, args.config, args.version)
+    try:
+        build_archive(args.checkpoint, args.name, args.export_path, args.config, args.version)
+    except NotACheckpoint as exc:
+        print(f"archive_model: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tooling.paths import MODEL_CONFIG, REPO
+
 UNLIMITED_TOKENS = 10**9
 
 
@@ -39,7 +40,7 @@ UNLIMITED_TOKENS = 10**9
 
 def build_corpus(n: int, seed: int = 7) -> list[str]:
     """Texts with a realistic spread of lengths (a few words to ~200 tokens) from data/reviews_*.tsv."""
-    from scripts.build_demo_model import read_examples
+    from tooling.corpus import read_examples
 
     sentences = [text for _, _, text in read_examples()]
     rng = random.Random(seed)
@@ -124,7 +125,7 @@ async def closed_loop(url: str, headers: dict, texts: list[str], concurrency: in
 
 
 def read_counters(server, model: str) -> dict[str, float]:
-    from scripts.torchserve_process import metric_value
+    from tooling.prometheus import metric_value
 
     text = server.metrics_text()
     names = {"items": "bert_items_total", "batches": "bert_batches_total", "real": "bert_real_tokens_total",
@@ -133,8 +134,8 @@ def read_counters(server, model: str) -> dict[str, float]:
 
 
 def served_cells(args, checkpoint: Path, texts: list[str], workdir: Path, progress) -> list[dict]:
-    from scripts.archive_model import build_archive, write_model_config
-    from scripts.torchserve_process import TorchServe
+    from tooling.archiving import build_archive, write_model_config
+    from tooling.torchserve import TorchServe
 
     store = workdir / "store"
     options = {"cpu_threads": args.threads} if args.threads else {}
@@ -234,7 +235,7 @@ def handler_ceiling(checkpoint: Path, texts: list[str], batch_size: int, max_bat
 
     from handlers.batching import padded_tokens, plan_micro_batches
     from handlers.tokenization import encode
-    from scripts.inprocess import load_handler, make_context, set_batch, unpacked_layout
+    from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
     model_dir = unpacked_layout(checkpoint, Path(tempfile.mkdtemp(prefix="bench-unpacked-")))
     options = {"max_batch_tokens": max_batch_tokens, "cpu_threads": threads}
@@ -392,15 +393,12 @@ def plot(report: dict, path: Path) -> None:
 
 
 def resolve_model(name: str, workdir: Path) -> Path:
-    from scripts.random_model import build_random_classifier
+    from tooling.checkpoints import build_random_classifier
 
     if name == "demo":
-        from scripts.build_demo_model import DEFAULT_OUT
-        from scripts.build_demo_model import main as build_demo
+        from tooling.demo_model import ensure_demo_model
 
-        if not (DEFAULT_OUT / "model.safetensors").exists():
-            build_demo([])
-        return DEFAULT_OUT
+        return ensure_demo_model()
     if name in ("tiny", "bert-base"):
         return build_random_classifier(workdir / name, name)
     return Path(name)
@@ -453,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from handlers.options import HandlerOptions
 
-        handler_config = yaml.safe_load((REPO / "model-config.yaml").read_text())["handler"]
+        handler_config = yaml.safe_load(MODEL_CONFIG.read_text())["handler"]
         device = "cuda" if _cuda_available() else "cpu"
         args.max_batch_tokens = HandlerOptions.from_mapping(handler_config).for_device(device).max_batch_tokens
 

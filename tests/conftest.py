@@ -1,25 +1,19 @@
-"""Shared fixtures: tiny and demo checkpoints, a minimal TorchServe context, a real TorchServe."""
+"""Shared fixtures: tiny and demo checkpoints, archives, the in-process handler, a real TorchServe.
+
+Tests are laid out by what they drive: unit/ (pure functions), inprocess/ (the handler
+with TorchServe's own Context, no server), e2e/ (real torchserve processes over HTTP).
+"""
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
 import pytest
 
-from scripts.inprocess import load_handler, unpacked_layout
-
-REPO = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
+from tooling.inprocess import load_handler, unpacked_layout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def unseen_reviews() -> list[tuple[str, str]]:
-    """(label, text) pairs written for the tests; none of them is in data/."""
-    with (DATA / "unseen_reviews.tsv").open(encoding="utf-8") as f:
-        return [(label, text) for label, text in csv.reader(f, delimiter="\t")]
 
 
 # ---- checkpoints and archives ---------------------------------------------------------------
@@ -27,7 +21,7 @@ def unseen_reviews() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from scripts.random_model import build_random_classifier
+    from tooling.checkpoints import build_random_classifier
 
     return build_random_classifier(tmp_path_factory.mktemp("tiny") / "checkpoint", "tiny", seed=0)
 
@@ -35,11 +29,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_checkpoint() -> Path:
     """The trained demo model; scripts/setup.sh builds it, and so does this fixture if it is missing."""
-    from scripts.build_demo_model import DEFAULT_OUT, main
+    from tooling.demo_model import ensure_demo_model
 
-    if not (DEFAULT_OUT / "model.safetensors").exists():
-        main([])
-    return DEFAULT_OUT
+    return ensure_demo_model()
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +43,7 @@ def model_store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def make_archive(model_store, tmp_path_factory):
     """Build <name>.mar into the private store from a checkpoint and optional handler options."""
-    from scripts.archive_model import build_archive, write_model_config
+    from tooling.archiving import build_archive, write_model_config
 
     def make(checkpoint: Path, name: str, model_config: dict | None = None, **handler_options) -> str:
         config = write_model_config(
@@ -71,10 +63,6 @@ def unpacked_model_dir(tiny_checkpoint, tmp_path_factory) -> Path:
     return unpacked_layout(tiny_checkpoint, tmp_path_factory.mktemp("unpacked"))
 
 
-def statuses(context, n: int) -> list[int]:
-    return [context.get_response_status(i)[0] for i in range(n)]
-
-
 @pytest.fixture(scope="session")
 def loaded_handler(unpacked_model_dir):
     return load_handler(unpacked_model_dir)
@@ -86,7 +74,7 @@ def loaded_handler(unpacked_model_dir):
 @pytest.fixture(scope="session")
 def torchserve(model_store, tmp_path_factory):
     """One real TorchServe on free loopback ports, with its own store, logs and keys."""
-    from scripts.torchserve_process import TorchServe
+    from tooling.torchserve import TorchServe
 
     server = TorchServe(tmp_path_factory.mktemp("torchserve"), model_store)
     server.start()

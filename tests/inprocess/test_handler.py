@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from scripts.inprocess import make_context, set_batch
-from tests.conftest import statuses
+from tests.support import statuses
+from tooling.inprocess import make_context, set_batch
 
 TEXT = "text/plain"
 JSON = "application/json"

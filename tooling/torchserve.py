@@ -1,13 +1,15 @@
-"""Start, drive and stop a private TorchServe: used by the tests, the benchmark and the soak.
+"""Start, drive and stop a private TorchServe: used by the tests, the benchmark, the soak and the fleet.
 
 Each instance gets its own working directory (so its own key_file.json, pid file,
 logs, Java temp dir and worker sockets) and free loopback ports, and is built
-from the repository's config.properties with only ports and paths changed.
+from a server configuration (the repository's config.properties unless another is
+given) with only ports and paths changed. Stopping is the owner's job (a pytest
+fixture, a context manager, or an entry point's own exit handling): this module
+installs no signal handler and no atexit hook.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -16,13 +18,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "config.properties"
-METRICS_CONFIG = REPO / "metrics.yaml"
+from tooling.paths import METRICS_CONFIG, SERVER_CONFIG
+
+PORT_NAMES = ("inference", "management", "metrics", "grpc_i", "grpc_m")
 
 
 def free_port() -> int:
@@ -39,18 +42,6 @@ def read_properties(path: Path) -> dict[str, str]:
             key, value = line.split("=", 1)
             properties[key.strip()] = value.strip()
     return properties
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """Sum of the Prometheus samples called `name` whose labels include `labels` (0.0 if none yet)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 def java_home() -> str:
@@ -81,12 +72,19 @@ def server_environment(workdir: Path) -> dict[str, str]:
 class TorchServe:
     """A TorchServe frontend plus its workers, owned by this object and always stopped by it."""
 
-    def __init__(self, workdir: Path, model_store: Path, overrides: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model_store: Path,
+        overrides: Mapping[str, str] | None = None,
+        base: Mapping[str, str] | None = None,
+    ) -> None:
+        """`base`: server properties to start from (default: the repository's config.properties)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_store = Path(model_store)
-        self.ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc_i", "grpc_m")}
-        properties = read_properties(CONFIG)
+        self.ports = {name: free_port() for name in PORT_NAMES}
+        properties = dict(base) if base is not None else read_properties(SERVER_CONFIG)
         properties.update(
             inference_address=f"http://127.0.0.1:{self.ports['inference']}",
             management_address=f"http://127.0.0.1:{self.ports['management']}",
@@ -118,12 +116,19 @@ class TorchServe:
     def metrics_url(self) -> str:
         return self.properties["metrics_address"]
 
+    @property
+    def token_auth(self) -> bool:
+        return self.properties.get("disable_token_authorization", "false").lower() != "true"
+
     def keys(self) -> dict[str, str]:
         """Current keys from key_file.json: {'management': ..., 'inference': ..., 'API': ...}."""
         data = json.loads((self.workdir / "key_file.json").read_text())
         return {name: entry["key"] for name, entry in data.items()}
 
     def auth(self, api: str) -> dict[str, str]:
+        """The Authorization header for `api`; none when this server runs without token authorization."""
+        if not self.token_auth:
+            return {}
         return {"Authorization": f"Bearer {self.keys()[api]}"}
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -147,11 +152,6 @@ class TorchServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one process group: frontend and workers stop together
         )
-        # Never leave a server behind: stop it at interpreter exit, and turn SIGTERM
-        # (e.g. a CI timeout) into a normal exit so that this hook runs.
-        atexit.register(self.stop)
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -232,9 +232,17 @@ class TorchServe:
     def predict(
         self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0
     ) -> requests.Response:
-        headers = {"Content-Type": content_type, **self.auth("inference")}
+        return self.post(f"/predictions/{model}", body, content_type, timeout)
+
+    def post(
+        self, path: str, body: bytes | str, content_type: str | None = "text/plain", timeout: float = 60.0
+    ) -> requests.Response:
+        """POST `body` to the inference API at `path` (e.g. /v1/models/bert:predict), with the inference key."""
+        headers = {**self.auth("inference")}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
         data = body.encode("utf-8") if isinstance(body, str) else body
-        return requests.post(f"{self.inference_url}/predictions/{model}", data=data, headers=headers, timeout=timeout)
+        return requests.post(f"{self.inference_url}{path}", data=data, headers=headers, timeout=timeout)
 
     def metrics_text(self) -> str:
         return self.session.get(f"{self.metrics_url}/metrics", timeout=10).text

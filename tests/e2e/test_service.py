@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from scripts.torchserve_process import metric_value
-from tests.conftest import unseen_reviews
+from tests.support import unseen_reviews
+from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
 

@@ -12,19 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from scripts.inprocess import REPO, make_context, set_batch
+from tests.support import expected_alone
+from tooling.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def expected_alone(handler, unpacked_model_dir, texts: list[str]) -> list[dict]:
-    """The answer for each text sent alone, from the same handler code and weights in-process."""
-    answers = []
-    context = make_context(unpacked_model_dir)  # set_batch refills its per-request state each time
-    for text in texts:
-        [out] = handler.handle(set_batch(context, [(text.encode(), "text/plain")]), context)
-        answers.append(json.loads(out))
-    return answers
 
 
 def wait_until_ready(server, model: str, timeout: float = 120.0) -> None:
@@ -108,7 +99,7 @@ def test_two_thousand_concurrent_requests_each_get_their_own_answer(
 
 @pytest.fixture(scope="module")
 def small_queue_server(model_store, tmp_path_factory):
-    from scripts.torchserve_process import TorchServe
+    from tooling.torchserve import TorchServe
 
     server = TorchServe(tmp_path_factory.mktemp("small-queue"), model_store, overrides={"job_queue_size": "4"})
     server.start()
@@ -298,7 +289,7 @@ def test_keys_can_be_rotated_with_the_api_key(torchserve, tiny_model_for_logs):
 
 
 def test_the_shipped_configuration_listens_on_loopback_with_auth_on():
-    from scripts.torchserve_process import read_properties
+    from tooling.torchserve import read_properties
 
     properties = read_properties(REPO / "config.properties")
     for key in ("inference_address", "management_address", "metrics_address"):

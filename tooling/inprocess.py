@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tooling.paths import METRICS_CONFIG
 
 
 def make_context(model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny"):
@@ -17,7 +17,7 @@ def make_context(model_dir: Path, handler_options: dict | None = None, model_nam
     from ts.context import Context
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-    metrics = MetricsCacheYamlImpl(str(REPO / "metrics.yaml"))
+    metrics = MetricsCacheYamlImpl(str(METRICS_CONFIG))
     metrics.initialize_cache()
     metrics.model_name = model_name
     manifest = {"model": {"modelName": model_name, "handler": "bert_handler.py"}}

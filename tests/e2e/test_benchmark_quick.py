@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scripts.inprocess import REPO
+from tooling.paths import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from scripts.inprocess import REPO
+from tooling.paths import REPO
 
 
 def run_ruff(*args: str) -> subprocess.CompletedProcess:

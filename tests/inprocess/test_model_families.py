@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from scripts.inprocess import load_handler, make_context, set_batch, unpacked_layout
-from scripts.random_model import build_random_family_classifier
-from tests.conftest import statuses
+from tests.support import statuses
+from tooling.checkpoints import build_random_family_classifier
+from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
 FAMILIES = ["distilbert", "roberta"]
 

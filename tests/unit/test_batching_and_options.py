@@ -54,9 +54,9 @@ def test_bad_options_fail_loudly(raw):
 
 
 def test_repository_model_config_is_valid():
-    from pathlib import Path
-
     import yaml
 
-    config = yaml.safe_load((Path(__file__).resolve().parent.parent / "model-config.yaml").read_text())
+    from tooling.paths import MODEL_CONFIG
+
+    config = yaml.safe_load(MODEL_CONFIG.read_text())
     HandlerOptions.from_mapping(config["handler"])

@@ -1,0 +1,34 @@
+"""Helpers the test modules share (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+TEXT = "text/plain"
+JSON = "application/json"
+
+
+def unseen_reviews() -> list[tuple[str, str]]:
+    """(label, text) pairs written for the tests; none of them is in data/."""
+    with (DATA / "unseen_reviews.tsv").open(encoding="utf-8") as f:
+        return [(label, text) for label, text in csv.reader(f, delimiter="\t")]
+
+
+def statuses(context, n: int) -> list[int]:
+    """The HTTP status the handler set for each of the first n items of the context's batch."""
+    return [context.get_response_status(i)[0] for i in range(n)]
+
+
+def expected_alone(handler, model_dir, texts: list[str]) -> list[dict]:
+    """The answer for each text sent alone, from the same handler code and weights in-process."""
+    from tooling.inprocess import make_context, set_batch
+
+    answers = []
+    context = make_context(model_dir)  # set_batch refills its per-request state each time
+    for text in texts:
+        [out] = handler.handle(set_batch(context, [(text.encode(), TEXT)]), context)
+        answers.append(json.loads(out))
+    return answers

@@ -1,0 +1,15 @@
+"""The project's tooling library: what scripts/ (entry points) and tests/ share.
+
+Nothing here is shipped in a .mar (that is handlers/); nothing here exits the process
+or installs signal handlers: errors are exceptions, entry points decide what to do.
+
+  paths.py        repository locations
+  corpus.py       the labelled reviews in data/ and the held-out split
+  checkpoints.py  random tiny / BERT-base / DistilBERT / RoBERTa checkpoints for tests and timing
+  demo_model.py   fine-tuning the demo classifier
+  archiving.py    any checkpoint -> .mar (model-config.yaml, handlers/ packed as they are)
+  torchserve.py   a private TorchServe on free loopback ports, in its own directory
+  prometheus.py   reading samples from a Prometheus text endpoint
+  inprocess.py    driving the handler without a server, with TorchServe's own Context
+  soak.py         steady mixed traffic and worker memory over time
+"""

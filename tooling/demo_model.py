@@ -1,0 +1,133 @@
+"""Fine-tune the pretrained MiniLM-L6 BERT into a 2-label sentiment classifier, on CPU, offline.
+
+Data: data/reviews_*.tsv (tooling/corpus.py). Every fifth example of each (domain,
+label) group is held out; training reports the held-out accuracy and refuses to
+write a model below the minimum. The output is a standard Hugging Face checkpoint.
+A second run with the same data and settings finds its stamp and does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from tooling.corpus import LABELS, read_examples, split
+from tooling.paths import DATA, DEMO_MODEL
+
+
+class AccuracyTooLow(RuntimeError):
+    """The fine-tuned model scored below the minimum on the held-out split; nothing was written."""
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    out: Path = DEMO_MODEL
+    epochs: int = 6
+    lr: float = 1e-4
+    batch_size: int = 16
+    seed: int = 13
+    threads: int = 2
+    min_accuracy: float = 0.9
+
+
+def stamp_of(settings: TrainingSettings) -> str:
+    digest = hashlib.sha256()
+    for path in [*sorted(DATA.glob("reviews_*.tsv")), Path(__file__)]:
+        digest.update(path.read_bytes())
+    digest.update(json.dumps([settings.epochs, settings.lr, settings.batch_size, settings.seed]).encode())
+    return digest.hexdigest()
+
+
+def accuracy(model, tokenizer, examples: list[tuple[str, int]]) -> float:
+    import torch
+
+    model.eval()
+    correct = 0
+    with torch.inference_mode():
+        for start in range(0, len(examples), 64):
+            chunk = examples[start : start + 64]
+            batch = tokenizer([t for t, _ in chunk], padding=True, truncation=True, max_length=128, return_tensors="pt")
+            predicted = model(**batch).logits.argmax(-1).tolist()
+            correct += sum(int(p == y) for p, (_, y) in zip(predicted, chunk))
+    return correct / len(examples)
+
+
+def train(args: TrainingSettings) -> float:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tooling.checkpoints import minilm_dir
+
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(args.threads)
+
+    train_set, held_out = split(read_examples())
+    source = minilm_dir()
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        source,
+        local_files_only=True,
+        num_labels=len(LABELS),
+        id2label=dict(enumerate(LABELS)),
+        label2id={label: i for i, label in enumerate(LABELS)},
+    )
+    print(f"training on {len(train_set)} examples, holding out {len(held_out)}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    steps_per_epoch = -(-len(train_set) // args.batch_size)
+    total = steps_per_epoch * args.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
+    order = list(range(len(train_set)))
+    with tqdm(total=total, desc="fine-tuning", unit="step") as progress:
+        for epoch in range(args.epochs):
+            model.train()
+            random.shuffle(order)
+            for start in range(0, len(order), args.batch_size):
+                chunk = [train_set[i] for i in order[start : start + args.batch_size]]
+                batch = tokenizer(
+                    [t for t, _ in chunk], padding=True, truncation=True, max_length=128, return_tensors="pt"
+                )
+                loss = model(**batch, labels=torch.tensor([y for _, y in chunk])).loss
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
+                progress.update()
+
+    train_accuracy = accuracy(model, tokenizer, train_set)
+    held_out_accuracy = accuracy(model, tokenizer, held_out)
+    print(f"train accuracy {train_accuracy:.3f}; held-out accuracy {held_out_accuracy:.3f} ({len(held_out)} examples)")
+    if held_out_accuracy < args.min_accuracy:
+        raise AccuracyTooLow(
+            f"held-out accuracy {held_out_accuracy:.3f} is below {args.min_accuracy}; not saving the model"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    return held_out_accuracy
+
+
+def build_demo_model(settings: TrainingSettings = TrainingSettings(), force: bool = False) -> Path:
+    """Train unless the stamp in the output folder says the model is current; returns the folder."""
+    stamp_file = settings.out / "training-stamp.json"
+    stamp = stamp_of(settings)
+    if not force and stamp_file.exists() and json.loads(stamp_file.read_text()).get("stamp") == stamp:
+        print(f"{settings.out} is up to date; skipping training (use --force to retrain)")
+        return settings.out
+    held_out_accuracy = train(settings)
+    stamp_file.write_text(json.dumps({"stamp": stamp, "held_out_accuracy": held_out_accuracy}, indent=2))
+    print(f"wrote {settings.out}")
+    return settings.out
+
+
+def ensure_demo_model() -> Path:
+    """The demo checkpoint, trained first if it is missing (scripts/setup.sh normally builds it)."""
+    if not (DEMO_MODEL / "model.safetensors").exists():
+        build_demo_model()
+    return DEMO_MODEL

@@ -1,0 +1,14 @@
+"""Repository locations, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+HANDLERS = REPO / "handlers"
+SERVER_CONFIG = REPO / "config.properties"
+METRICS_CONFIG = REPO / "metrics.yaml"
+MODEL_CONFIG = REPO / "model-config.yaml"
+MODEL_STORE = REPO / "model_store"
+DEMO_MODEL = REPO / "build" / "demo-model"
