@@ -1,14 +1,19 @@
 """BERT sequence-classification handler for TorchServe with dynamic batching.
 
-Module map (one job each):
-  options.py          handler options read from the archive's model-config.yaml
-  rejection.py        the per-item error type and TorchServe's error body shape
-  decoding.py         request payload (bytes / JSON) -> text, torch-free
+Module map (one job each), in the order a batch flows through them:
+  bert_handler.py     the TorchServe BaseHandler: a thin adapter around pipeline.py
+  pipeline.py         one batch: requests -> instances -> validation -> encoding -> plan -> forward -> answers
+  decoding.py         request payload (bytes, forms, charsets, JSON) -> text or JSON document, torch-free
+  protocols.py        the request formats: /predictions text or {"text"}, KServe v1, KServe v2 -> instances
   validation.py       text checks that need no tokenizer, torch-free
-  tokenization.py     valid texts -> token ids, with the token cap
+  tokenization.py     valid texts -> token ids, with the token cap; padding into arrays
   batching.py         length-aware micro-batch planning, torch-free
-  inference.py        one forward pass per micro-batch, fault bisection
-  responses.py        probabilities -> the JSON answer for each item
+  fault_isolation.py  bisection of a failing forward pass down to the items that fail alone
+  torch_forward.py    the forward pass in PyTorch (GPU, float16, any checkpoint)
+  onnx_forward.py     the forward pass in ONNX Runtime (the fast CPU path)
+  responses.py        instance results -> each request's status and JSON body, in its format
+  rejection.py        the per-item error type and TorchServe's error body shape
+  loading.py          an unpacked archive -> tokenizer, labels, limits and the forward pass, once
   handler_metrics.py  the handler's own Prometheus metrics
-  bert_handler.py     the TorchServe BaseHandler that composes them
+  options.py          handler options from the archive's model-config.yaml
 """

@@ -23,6 +23,8 @@ REAL_TOKENS = "bert_real_tokens_total"
 PADDED_TOKENS = "bert_padded_tokens_total"
 STAGE_MS = "bert_stage_milliseconds_total"
 LAST_BATCH_SIZE = "bert_last_batch_size"
+# TorchServe's own name: BaseHandler.handle emits it, and this handler replaces handle().
+HANDLER_TIME = "HandlerTime"
 
 # name -> (type, unit, extra dimension names after ModelName and Level)
 DECLARED: dict[str, tuple[MetricTypes, str, tuple[str, ...]]] = {
@@ -34,6 +36,7 @@ DECLARED: dict[str, tuple[MetricTypes, str, tuple[str, ...]]] = {
     PADDED_TOKENS: (MetricTypes.COUNTER, "Count", ()),
     STAGE_MS: (MetricTypes.COUNTER, "Milliseconds", ("Stage",)),
     LAST_BATCH_SIZE: (MetricTypes.GAUGE, "Count", ()),
+    HANDLER_TIME: (MetricTypes.GAUGE, "ms", ()),
 }
 
 
@@ -74,3 +77,7 @@ class HandlerMetrics:
 
     def stage(self, stage: str, milliseconds: float) -> None:
         self._emit(STAGE_MS, round(milliseconds, 3), Stage=stage)
+
+    def handler_time(self, milliseconds: float) -> None:
+        """Time inside handle() for one batch, as TorchServe's BaseHandler reports it."""
+        self._emit(HANDLER_TIME, round(milliseconds, 2))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 OVERLENGTH_POLICIES = ("truncate", "reject")
+FAULT_KINDS = ("error", "oom")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -20,6 +21,8 @@ class HandlerOptions:
     model_subdir: str = "model"
     # Largest request body the handler accepts, in bytes (413 above it).
     max_bytes: int = 64 * 1024
+    # Most texts one KServe v1/v2 request may carry (413 TooManyInstances above it).
+    max_instances: int = 64
     # Token cap per text; clipped to the model's own maximum at load time.
     max_length: int = 256
     # What to do with texts over max_length: "truncate" (200, truncated=true) or "reject" (422).
@@ -34,14 +37,25 @@ class HandlerOptions:
     pad_to_multiple_of: int = 0
     # Weights dtype: "auto" = float16 on CUDA, float32 on CPU.
     dtype: str = "auto"
-    # Intra-op CPU threads per worker; 0 = all cores this process may use.
+    # Intra-op CPU threads per worker; 0 = all cores this process may use. Both backends
+    # (PyTorch's intra-op pool and ONNX Runtime's intra_op_num_threads).
     cpu_threads: int = 0
+    # ONNX Runtime only (archives holding model.onnx). Inter-op threads: 1 runs the graph's
+    # nodes one after another (sequential mode); more runs independent branches in parallel.
+    # BERT's graph is a chain, and on this 2-core machine 2 was no faster (docs/benchmarks.md).
+    onnx_inter_op_threads: int = 1
+    # ONNX Runtime only: let idle intra-op threads spin-wait for the next op instead of
+    # sleeping. Off by default: on a CPU shared with TorchServe's frontend, spinning takes
+    # cycles from it (measured in docs/benchmarks.md).
+    onnx_spinning: bool = False
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
     # Test-only fault hook: a forward pass holding an item whose text contains this string
-    # raises (or, with fault_delay_s > 0, stalls that many seconds instead). Empty, the
-    # default, disables it; never set it in production.
+    # raises (fault_kind "error": a RuntimeError; "oom": an out-of-memory error), or, with
+    # fault_delay_s > 0, stalls that many seconds instead. Empty, the default, disables it;
+    # never set it in production.
     fault_marker: str = ""
+    fault_kind: str = "error"
     fault_delay_s: float = 0.0
 
     @classmethod
@@ -69,7 +83,9 @@ class HandlerOptions:
             raise ValueError(f"overlength must be one of {OVERLENGTH_POLICIES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}")
-        for name in ("max_bytes", "max_length"):
+        if self.fault_kind not in FAULT_KINDS:
+            raise ValueError(f"fault_kind must be one of {FAULT_KINDS}")
+        for name in ("max_bytes", "max_length", "max_instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("max_batch_tokens", "pad_to_multiple_of"):
@@ -77,6 +93,8 @@ class HandlerOptions:
                 raise ValueError(f"{name} must be 0 (auto) or positive")
         if self.max_length < 3:
             raise ValueError("max_length must leave room for the special tokens")
+        if self.onnx_inter_op_threads < 1:
+            raise ValueError("onnx_inter_op_threads must be at least 1")
         if self.cpu_threads < 0 or self.fault_delay_s < 0:
             raise ValueError("cpu_threads and fault_delay_s must not be negative")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from handlers.batching import padded_width
 
@@ -66,14 +66,19 @@ def encode(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoding]:
     return [Encoding(row, i in over_set) for i, row in enumerate(rows)]
 
 
-def collate(encodings: Sequence[Encoding], pad_token_id: int, multiple: int, limit: int) -> dict[str, torch.Tensor]:
-    """Right-pad a group to its longest item (rounded up to `multiple`, never past `limit`)."""
+def collate(encodings: Sequence[Encoding], pad_token_id: int, multiple: int, limit: int) -> dict[str, np.ndarray]:
+    """Right-pad a group to its longest item (rounded up to `multiple`, never past `limit`): int64 arrays.
+
+    Shared by every forward pass (PyTorch takes them with torch.from_numpy, ONNX Runtime as they are).
+    """
     width = padded_width(max(e.length for e in encodings), multiple, limit)
     shape = (len(encodings), width)
-    batch = {key: torch.full(shape, pad_token_id if key == "input_ids" else 0) for key in encodings[0].features}
-    batch["attention_mask"] = torch.zeros(shape, dtype=torch.long)
+    batch = {
+        key: np.full(shape, pad_token_id if key == "input_ids" else 0, dtype=np.int64) for key in encodings[0].features
+    }
+    batch["attention_mask"] = np.zeros(shape, dtype=np.int64)
     for row, e in enumerate(encodings):
         for key, values in e.features.items():
-            batch[key][row, : len(values)] = torch.tensor(values)
+            batch[key][row, : len(values)] = values
         batch["attention_mask"][row, : e.length] = 1
     return batch

@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+
+# HAProxy and Prometheus (Debian packages) for the fleet: installed when missing and running as root.
+scripts/install_system_packages.sh
+
 # The pinned CPU build is what this project is tested with; on a GPU host set
 # TORCH_SPEC to the CUDA build you want (an unpinned "torch" pulls CUDA wheels).
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}

@@ -121,7 +121,7 @@ def test_max_length_is_clipped_to_the_model_maximum(unpacked_model_dir):
 
     handler = BertSequenceClassifierHandler()
     handler.initialize(make_context(unpacked_model_dir, {"max_length": 100_000, "warmup": False}))
-    assert handler.max_length == 512
+    assert handler.served.max_length == 512
 
 
 def test_rejected_items_are_logged_with_reason_index_and_request_id_but_not_text(loaded_handler, context, caplog):
@@ -146,7 +146,7 @@ def test_handler_metrics_are_emitted_through_torchserve(loaded_handler, context,
 
 
 def test_handle_never_raises_and_fills_every_slot(loaded_handler, context, monkeypatch):
-    import handlers.bert_handler as module
+    import handlers.pipeline as module
 
     def broken(*args, **kwargs):
         raise RuntimeError("tokenizer exploded")

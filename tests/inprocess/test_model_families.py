@@ -22,8 +22,8 @@ def test_handler_serves_other_model_families(family_checkpoint, tmp_path):
     family, checkpoint = family_checkpoint
     model_dir = unpacked_layout(checkpoint, tmp_path / "unpacked")
     handler = load_handler(model_dir)
-    assert handler.model.config.model_type == family
-    assert handler.max_length == 256 and handler.token_limit == 512
+    assert handler.served.model_type == family
+    assert handler.served.max_length == 256 and handler.served.token_limit == 512
 
     texts = ["a fine stay", "the room was dirty and loud", "ok " * 600]
     context = make_context(model_dir)

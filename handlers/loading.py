@@ -1,0 +1,70 @@
+"""Loading an unpacked archive once, at worker start: tokenizer, labels, limits and the forward pass.
+
+The result is an immutable value the handler keeps for its lifetime; nothing per batch lives on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from handlers.options import HandlerOptions
+from handlers.responses import label_names
+from handlers.tokenization import Encoding, model_token_limit
+
+ONNX_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    tokenizer: Any
+    forward: Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
+    labels: tuple[str, ...]
+    options: HandlerOptions  # with every "auto" resolved for the device
+    max_length: int  # token cap per text: the option, clipped to what the model can embed
+    token_limit: int  # the longest sequence the model can embed
+    model_type: str
+    backend: str  # "pytorch" or "onnxruntime"
+    description: str  # one line for the load log
+
+
+def backend_of(model_dir: Path) -> str:
+    """An archive holding model.onnx is served by ONNX Runtime; any other by PyTorch."""
+    return "onnxruntime" if (Path(model_dir) / ONNX_FILE).is_file() else "pytorch"
+
+
+def load_model(model_dir: Path, options: HandlerOptions, gpu_id: int | None) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    token_limit = model_token_limit(tokenizer, config)
+    pad_token_id = tokenizer.pad_token_id or 0
+    backend = backend_of(model_dir)
+    if backend == "onnxruntime":
+        from handlers.onnx_forward import load_onnx_forward
+
+        # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
+        options = options.for_device("cuda" if gpu_id is not None else "cpu")
+        forward = load_onnx_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
+    else:
+        from handlers.torch_forward import load_torch_forward, select_device
+
+        options = options.for_device(select_device(gpu_id).type)
+        forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
+    return LoadedModel(
+        tokenizer=tokenizer,
+        forward=forward,
+        labels=tuple(label_names(config.id2label, config.num_labels)),
+        options=options,
+        max_length=min(options.max_length, token_limit),
+        token_limit=token_limit,
+        model_type=config.model_type,
+        backend=backend,
+        description=forward.description,
+    )

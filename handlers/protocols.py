@@ -1,0 +1,135 @@
+"""The request formats the handler speaks: a decoded body -> its instances. Pure and torch-free.
+
+One TorchServe batch can mix three formats, recognised per request from its body:
+  predictions  raw text, or JSON {"text": "..."}              -> one instance
+  KServe v1    JSON {"instances": ["...", {"text": "..."}]}   -> one instance per entry
+  KServe v2    JSON {"id": ..., "inputs": [{"name": "text", "datatype": "BYTES", "shape": [N], "data": [...]}]}
+Every instance is validated, encoded and run on its own footing (handlers/pipeline.py);
+this module turns a decoded body into instances; handlers/responses.py turns instance
+results back into the one answer its request gets.
+TorchServe's own KServe envelopes are never used: they read only the first request of
+a batch (pytorch/serve #1302, #2158).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from handlers import rejection
+from handlers.decoding import TEXT_FIELD, Document, json_type_name, text_from_json
+from handlers.rejection import Rejection
+
+PREDICTIONS = "predictions"
+KSERVE_V1 = "kserve-v1"
+KSERVE_V2 = "kserve-v2"
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One request of the batch, read: its format, its instances (text, or why not), or an error for all of it."""
+
+    protocol: str
+    instances: tuple[str | Rejection, ...] = ()
+    error: Rejection | None = None
+    request_id: Any = None  # KServe v2 "id", echoed in the answer
+
+    def instance_name(self, position: int) -> str:
+        """How the answer names an instance: `instances[2]`, `inputs[0].data[3]`."""
+        return {KSERVE_V1: f"instances[{position}]", KSERVE_V2: f"inputs[0].data[{position}]"}.get(self.protocol, "")
+
+    def first_problem(self) -> tuple[int | None, Rejection] | None:
+        """The request-level error, or the first instance that cannot be served (with its position)."""
+        if self.error is not None:
+            return None, self.error
+        for position, instance in enumerate(self.instances):
+            if isinstance(instance, Rejection):
+                return position, instance
+        return None
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+def parse_request(decoded: str | Document | Rejection, max_instances: int) -> ParsedRequest:
+    """A decoded body (handlers/decoding.py) -> its format and instances."""
+    if isinstance(decoded, Rejection):
+        return ParsedRequest(PREDICTIONS, error=decoded)
+    if isinstance(decoded, str):
+        return ParsedRequest(PREDICTIONS, (decoded,))
+    document = decoded.value
+    if isinstance(document, Mapping) and TEXT_FIELD not in document:
+        if "instances" in document:
+            return _kserve_v1(document["instances"], max_instances)
+        if "inputs" in document:
+            return _kserve_v2(document, max_instances)
+    text = text_from_json(document)
+    if isinstance(text, Rejection):
+        return ParsedRequest(PREDICTIONS, error=text)
+    return ParsedRequest(PREDICTIONS, (text,))
+
+
+def _kserve_v1(instances: Any, max_instances: int) -> ParsedRequest:
+    def malformed(message: str) -> ParsedRequest:
+        return ParsedRequest(KSERVE_V1, error=Rejection(400, "MalformedRequest", f"KServe v1: {message}"))
+
+    if not isinstance(instances, list):
+        return malformed(f"'instances' must be an array, got {json_type_name(instances)}")
+    if not instances:
+        return malformed("'instances' is empty")
+    if len(instances) > max_instances:
+        return ParsedRequest(KSERVE_V1, error=too_many_instances(len(instances), max_instances))
+    return ParsedRequest(KSERVE_V1, tuple(_v1_instance(instance) for instance in instances))
+
+
+def _v1_instance(instance: Any) -> str | Rejection:
+    if isinstance(instance, str):
+        return instance
+    if isinstance(instance, Mapping):
+        return text_from_json(instance)
+    return rejection.wrong_type("instance", json_type_name(instance) + ' (expected a string or {"text": ...})')
+
+
+def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest:
+    request_id = document.get("id")
+
+    def malformed(message: str) -> ParsedRequest:
+        error = Rejection(400, "MalformedRequest", f"Open Inference Protocol: {message}")
+        return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
+
+    inputs = document["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        return malformed("'inputs' must be a non-empty array")
+    if len(inputs) != 1:
+        return malformed(f"expected exactly one input tensor of texts, got {len(inputs)}")
+    tensor = inputs[0]
+    if not isinstance(tensor, Mapping):
+        return malformed(f"inputs[0] must be an object, got {json_type_name(tensor)}")
+    missing = [key for key in ("name", "datatype", "shape", "data") if key not in tensor]
+    if missing:
+        return malformed(f"inputs[0] has no {', '.join(repr(m) for m in missing)}")
+    if tensor["datatype"] != "BYTES":
+        return malformed(f'inputs[0].datatype must be "BYTES" (texts), got {tensor["datatype"]!r}')
+    data, shape = tensor["data"], tensor["shape"]
+    if not isinstance(data, list) or not data:
+        return malformed("inputs[0].data must be a non-empty array of strings")
+    if not _shape_holds(shape, len(data)):
+        return malformed(f"inputs[0].shape {shape!r} does not match {len(data)} data elements (expected [{len(data)}])")
+    for position, value in enumerate(data):
+        if not isinstance(value, str):
+            return malformed(f"inputs[0].data[{position}] must be a string, got {json_type_name(value)}")
+    if len(data) > max_instances:
+        return ParsedRequest(KSERVE_V2, error=too_many_instances(len(data), max_instances), request_id=request_id)
+    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id)
+
+
+def _shape_holds(shape: Any, count: int) -> bool:
+    """[N], or [N, 1] as some clients send a column of texts."""
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return False
+    return shape == [count] or shape == [count, 1]
+
+
+def too_many_instances(count: int, limit: int) -> Rejection:
+    return Rejection(413, "TooManyInstances", f"request has {count} instances, the limit is {limit} per request")

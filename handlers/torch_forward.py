@@ -1,0 +1,76 @@
+"""The forward pass in PyTorch: the backend for GPUs (float16) and for checkpoints that do not export to ONNX.
+
+Its twin for CPUs is handlers/onnx_forward.py; both take encodings and return class
+probabilities, so validation, planning, fault isolation and metrics (handlers/pipeline.py)
+are the same whichever backend an archive holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from handlers.options import HandlerOptions
+from handlers.tokenization import Encoding, collate
+
+
+def select_device(gpu_id: int | None) -> torch.device:
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")
+
+
+def select_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+class TorchForward:
+    """A Hugging Face sequence classifier in eval mode on one device; called once per micro-batch."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, options: HandlerOptions, pad_token_id: int,
+                 token_limit: int) -> None:  # fmt: skip
+        self.model = model
+        self.device = device
+        self.device_type = device.type
+        self._options = options
+        self._pad_token_id = pad_token_id
+        self._token_limit = token_limit
+        dtype = next(model.parameters()).dtype
+        self.description = f"PyTorch {torch.__version__} on {device} ({dtype}, {torch.get_num_threads()} threads)"
+
+    def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
+        """Float32 class probabilities, one row per encoding, in order."""
+        arrays = collate(encodings, self._pad_token_id, self._options.pad_to_multiple_of, self._token_limit)
+        batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
+        if self.device.type == "cuda":
+            batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        elif self.device.type != "cpu":
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+        try:
+            with torch.inference_mode():
+                logits = self.model(**batch).logits
+                return logits.float().softmax(dim=-1).cpu().numpy()
+        except torch.cuda.OutOfMemoryError:
+            # Give the cached blocks back before the pipeline bisects and retries smaller groups.
+            torch.cuda.empty_cache()
+            raise
+
+
+def load_torch_forward(
+    model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int
+) -> TorchForward:
+    from transformers import AutoModelForSequenceClassification
+
+    device = select_device(gpu_id)
+    if device.type == "cpu":
+        torch.set_num_threads(options.cpu_threads or len(os.sched_getaffinity(0)))
+    dtype = select_dtype(options.dtype, device)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
+    model.to(device).eval()
+    return TorchForward(model, device, options, pad_token_id, token_limit)

@@ -1,0 +1,80 @@
+"""KServe v1 / v2 request cases shared by the unit, in-process and end-to-end tests (one table, three layers).
+
+Each malformed case: (name, JSON body, expected status, expected type, text the message must contain).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MALFORMED: list[tuple[str, Any, int, str, str]] = [
+    ("v1 instances not a list", {"instances": "a text"}, 400, "MalformedRequest", "'instances' must be an array"),
+    ("v1 empty instances", {"instances": []}, 400, "MalformedRequest", "'instances' is empty"),
+    ("v1 instance of wrong type", {"instances": ["fine", 7]}, 400, "WrongType", "instances[1]"),
+    ("v1 instance object without text", {"instances": [{"txt": "x"}]}, 400, "MissingField", "instances[0]"),
+    ("v1 empty instance", {"instances": ["good one", "", "another"]}, 400, "EmptyText", "instances[1]"),
+    ("v2 inputs not a list", {"inputs": {"name": "text"}}, 400, "MalformedRequest", "non-empty array"),
+    ("v2 no inputs", {"inputs": []}, 400, "MalformedRequest", "non-empty array"),
+    (
+        "v2 several inputs",
+        {"inputs": [v2_input := {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}, v2_input]},
+        400,
+        "MalformedRequest",
+        "exactly one input",
+    ),
+    (
+        "v2 wrong datatype",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
+        400,
+        "MalformedRequest",
+        "BYTES",
+    ),
+    (
+        "v2 shape not matching data",
+        {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": ["a", "b"]}]},
+        400,
+        "MalformedRequest",
+        "does not match",
+    ),
+    (
+        "v2 non-string data",
+        {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", 5]}]},
+        400,
+        "MalformedRequest",
+        "inputs[0].data[1] must be a string",
+    ),
+    (
+        "v2 missing data",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES"}]},
+        400,
+        "MalformedRequest",
+        "'data'",
+    ),
+    (
+        "v2 whitespace-only text",
+        {"id": "r1", "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ok", "  "]}]},
+        400,
+        "EmptyText",
+        "inputs[0].data[1]",
+    ),
+    # 64 instances per request is the default max_instances handler option.
+    ("v1 too many instances", {"instances": ["x"] * 65}, 413, "TooManyInstances", "limit is 64"),
+    (
+        "v2 too many instances",
+        {"inputs": [{"name": "text", "shape": [65], "datatype": "BYTES", "data": ["x"] * 65}]},
+        413,
+        "TooManyInstances",
+        "limit is 64",
+    ),
+]
+
+
+def v1(*texts: str) -> dict[str, Any]:
+    return {"instances": list(texts)}
+
+
+def v2(*texts: str, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}]}
+    if request_id is not None:
+        body["id"] = request_id
+    return body

@@ -1,0 +1,91 @@
+"""Reading KServe v1/v2 and plain bodies into instances, and shaping each request's answer: pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from handlers.decoding import Document
+from handlers.options import HandlerOptions
+from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, parse_request
+from handlers.rejection import Rejection
+from handlers.responses import Prediction, answer
+from handlers.validation import validate_text
+from tests.kserve_cases import MALFORMED, v1, v2
+
+LIMIT = HandlerOptions().max_instances
+LABELS = ("negative", "positive")
+
+
+def settle(body):
+    """parse + per-instance validation + a made-up prediction per valid instance, then the answer."""
+    request = parse_request(Document(body), LIMIT)
+    results = []
+    for instance in request.instances:
+        checked = instance if isinstance(instance, Rejection) else validate_text(instance)
+        results.append(checked if isinstance(checked, Rejection) else Prediction([0.25, 0.75], False))
+    return request, answer(request, results, LABELS, "bert")
+
+
+def test_plain_text_and_plain_json_are_one_instance():
+    assert parse_request("a text", LIMIT).instances == ("a text",)
+    request = parse_request(Document({"text": "json text", "instances": "ignored"}), LIMIT)
+    assert (request.protocol, request.instances) == (PREDICTIONS, ("json text",))
+
+
+def test_v1_instances_are_strings_or_text_objects_in_order():
+    request = parse_request(Document({"instances": ["one", {"text": "two", "x": 1}, "three"]}), LIMIT)
+    assert (request.protocol, request.instances, request.error) == (KSERVE_V1, ("one", "two", "three"), None)
+
+
+def test_v2_texts_and_id():
+    request = parse_request(Document(v2("a", "b", request_id="abc")), LIMIT)
+    assert (request.protocol, request.instances, request.request_id) == (KSERVE_V2, ("a", "b"), "abc")
+    column = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "b"]}]}
+    assert parse_request(Document(column), LIMIT).instances == ("a", "b")
+
+
+@pytest.mark.parametrize(("name", "body", "status", "kind", "fragment"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_requests_are_answered_as_a_whole(name, body, status, kind, fragment):
+    _, result = settle(body)
+    assert (result.status, result.body["type"], result.body["code"]) == (status, kind, status)
+    assert fragment in result.body["message"]
+
+
+def test_v1_answer_has_one_prediction_per_instance_in_order():
+    request = parse_request(Document(v1("a", "b")), LIMIT)
+    results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
+    result = answer(request, results, LABELS, "bert")
+    assert result.status == 200
+    assert result.body == {
+        "predictions": [
+            {"label": "negative", "score": 0.9, "scores": {"negative": 0.9, "positive": 0.1}, "truncated": False},
+            {"label": "positive", "score": 0.8, "scores": {"negative": 0.2, "positive": 0.8}, "truncated": True},
+        ]
+    }
+
+
+def test_v2_answer_is_an_open_inference_protocol_response():
+    request = parse_request(Document(v2("a", "b", request_id="req-7")), LIMIT)
+    results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
+    body = answer(request, results, LABELS, "bert").body
+    assert body["model_name"] == "bert" and body["id"] == "req-7"
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert outputs["label"] == {"name": "label", "datatype": "BYTES", "shape": [2], "data": ["negative", "positive"]}
+    assert outputs["score"] == {"name": "score", "datatype": "FP32", "shape": [2], "data": [0.9, 0.8]}
+    assert outputs["probabilities"] == {
+        "name": "probabilities",
+        "datatype": "FP32",
+        "shape": [2, 2],
+        "data": [0.9, 0.1, 0.2, 0.8],
+    }
+    assert outputs["truncated"]["data"] == [False, True]
+    assert "id" not in answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, "bert").body
+
+
+def test_a_failed_instance_names_itself_and_fails_only_its_request():
+    request = parse_request(Document(v2("a", "b", "c")), LIMIT)
+    failed = Rejection(500, "InferenceFailed", "the model failed on this item")
+    result = answer(request, [Prediction([0.5, 0.5], False), failed, failed], LABELS, "bert")
+    assert (result.status, result.body["type"]) == (500, "InferenceFailed")
+    assert result.body["message"].startswith("inputs[0].data[1]: ")
+    assert result.instance == "inputs[0].data[1]"
