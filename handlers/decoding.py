@@ -1,23 +1,82 @@
-"""Request payload -> text. Pure and torch-free, so it can be unit-tested and fuzzed.
+"""Request payload -> text or JSON document. Pure and torch-free, so it can be unit-tested and fuzzed.
 
-TorchServe hands the handler one dict per request: the raw body under ``body``
-(or a form field under ``data``), as bytes. The handler asks TorchServe not to
-pre-decode bodies (see bert_handler.py), but a value TorchServe already decoded
-(str for text/*, dict/list for application/json) is accepted too, so the
-functions here are correct whichever way the worker was started.
+TorchServe's frontend hands the worker one dict per request, parameter name -> bytes:
+  raw body (any Content-Type but a form)  {"body": <the bytes sent>}
+  urlencoded or multipart form            one entry per field, {"text": ..., "data": ..., "other": ...};
+                                          a later field of the same name replaces an earlier one
+  gRPC Predictions                        the request's input map, {"data": ...} by TorchServe's convention
+and, per request, a headers dict holding {"content-type": ...} for every parameter (the media
+type alone: TorchServe drops the charset) and the HTTP request headers under the names the client
+sent them (any case). The payload is the first of `body`, `text`, `data` present.
+
+TorchServe's form parser also swallows the most common curl habit: `curl -d "some text"` sends
+application/x-www-form-urlencoded, and a body without `name=value` pairs arrives as no field at
+all. Such a request gets its own rejection saying so and how to send the text instead.
+
+The handler asks TorchServe not to pre-decode bodies (see bert_handler.py), but a value TorchServe
+already decoded (str for text/*, dict/list for application/json) is accepted too, so the functions
+here are correct whichever way the worker was started.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any
 
 from handlers import rejection
 from handlers.rejection import Rejection
 
 TEXT_FIELD = "text"
-PAYLOAD_KEYS = ("body", "data")
+# Raw body first (it exists only when the body is not a form); then form fields / gRPC inputs,
+# `text` (what the JSON format calls it) before `data` (TorchServe's own convention).
+PAYLOAD_KEYS = ("body", TEXT_FIELD, "data")
+FORM_MEDIA_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+DEFAULT_CHARSET = "utf-8"
+BOM = "\ufeff"
+# Python codecs that are not charsets a client could mean: escapes, IDNA, the always-failing one.
+NOT_CHARSETS = frozenset({"unicode-escape", "raw-unicode-escape", "idna", "punycode", "undefined"})
+
+
+@dataclass(frozen=True)
+class Document:
+    """A body declared JSON and parsed; handlers/protocols.py decides what it holds (one text, KServe v1 or v2)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class ContentType:
+    """A Content-Type value: its media type (lower case, "" if none) and its charset parameter (None if none)."""
+
+    media_type: str = ""
+    charset: str | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> ContentType:
+        if not isinstance(value, str) or not value.strip():
+            return cls()
+        media_type = value.split(";", 1)[0].strip().lower()
+        # The email package parses MIME parameters properly: quoting, RFC 2231, stray whitespace.
+        header = Message()
+        header["content-type"] = value
+        charset = header.get_param("charset")
+        if charset is None:
+            return cls(media_type)
+        return cls(media_type, collapse_rfc2231_value(charset).strip().lower() or None)
+
+    @property
+    def is_json(self) -> bool:
+        return self.media_type == "application/json"
+
+    @property
+    def is_form(self) -> bool:
+        return self.media_type in FORM_MEDIA_TYPES
 
 
 def payload_of(item: Any) -> tuple[str | None, Any]:
@@ -30,13 +89,10 @@ def payload_of(item: Any) -> tuple[str | None, Any]:
 
 
 def is_json_content_type(content_type: str | None) -> bool:
-    if not isinstance(content_type, str):
-        return False
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    return media_type == "application/json"
+    return ContentType.parse(content_type).is_json
 
 
-def _json_type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -55,20 +111,39 @@ def _json_type_name(value: Any) -> str:
 def text_from_json(document: Any) -> str | Rejection:
     """Pick the text out of a parsed JSON document; other fields are ignored."""
     if not isinstance(document, Mapping):
-        return rejection.not_an_object(_json_type_name(document))
+        return rejection.not_an_object(json_type_name(document))
     if TEXT_FIELD not in document:
         return rejection.missing_field(TEXT_FIELD)
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
-        return rejection.wrong_type(TEXT_FIELD, _json_type_name(text))
+        return rejection.wrong_type(TEXT_FIELD, json_type_name(text))
     return text
 
 
-def _utf8(raw: bytes) -> str | Rejection:
+@functools.lru_cache(maxsize=64)
+def text_codec(charset: str) -> str | None:
+    """Python's name for the text encoding `charset` names, or None if it names none."""
     try:
-        return raw.decode("utf-8")
+        name = codecs.lookup(charset).name
+        # Decoding raises LookupError for bytes-to-bytes codecs (base64, zlib, rot13 ...).
+        b"\0".decode(name, "ignore")
+    except (LookupError, ValueError):
+        return None
+    return None if name in NOT_CHARSETS else name
+
+
+def _decode_text(raw: bytes, charset: str | None) -> str | Rejection:
+    codec = text_codec(charset) if charset else DEFAULT_CHARSET
+    if codec is None:
+        return rejection.unsupported_charset(charset)
+    try:
+        text = raw.decode(codec)
     except UnicodeDecodeError as exc:
-        return rejection.invalid_utf8(exc.start)
+        if codec == DEFAULT_CHARSET:
+            return rejection.invalid_utf8(exc.start)
+        return rejection.invalid_encoding(codec, exc.start)
+    # A byte-order mark (what several Windows tools write first) is not part of the text.
+    return text.removeprefix(BOM)
 
 
 def _parse_json(text: str) -> Any | Rejection:
@@ -81,19 +156,15 @@ def _parse_json(text: str) -> Any | Rejection:
         return rejection.malformed_json("document is nested too deeply or has out-of-range values")
 
 
-def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str | Rejection:
-    """Turn one request's payload into its text, or say why it cannot be served.
-
-    The byte limit is checked first, on the bytes the client sent, so an
-    oversized body costs no decoding work.
-    """
+def _decode(value: Any, content_type: ContentType, max_bytes: int) -> str | Document | Rejection:
     if value is None:
         return rejection.empty_text()
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
+        # The limit applies to the bytes the client sent, before any decoding work.
         if len(raw) > max_bytes:
             return rejection.payload_too_large(len(raw), max_bytes)
-        text = _utf8(raw)
+        text = _decode_text(raw, content_type.charset)
         if isinstance(text, Rejection):
             return text
     elif isinstance(value, str):
@@ -101,13 +172,89 @@ def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str 
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > max_bytes:
             return rejection.payload_too_large(size, max_bytes)
-        text = value
+        text = value.removeprefix(BOM)
     else:
         # Already parsed by TorchServe (application/json): a dict, list, number ...
-        return text_from_json(value)
-    if not is_json_content_type(content_type):
+        return Document(value)
+    if not content_type.is_json:
         return text
     document = _parse_json(text)
     if isinstance(document, Rejection):
         return document
-    return text_from_json(document)
+    return Document(document)
+
+
+def decode_body(value: Any, content_type: str | None, max_bytes: int) -> str | Document | Rejection:
+    """One request's payload -> its text, or its parsed JSON document, or why it cannot be served.
+
+    `content_type` is the payload's whole Content-Type: its media type says whether the payload is
+    JSON, its charset (UTF-8 if none) how to decode it. The byte limit is checked first.
+    """
+    return _decode(value, ContentType.parse(content_type), max_bytes)
+
+
+# ---- one item of a TorchServe batch ---------------------------------------------------------------
+
+
+def request_header(headers: Mapping[str, Any] | None, name: str) -> str | None:
+    """An HTTP request header by name, whatever case the client sent it in (None if absent)."""
+    if not headers:
+        return None
+    name = name.lower()
+    for key, value in headers.items():
+        # Parameters' entries are dicts; request headers are strings.
+        if isinstance(key, str) and isinstance(value, str) and key.lower() == name:
+            return value
+    return None
+
+
+def parameter_content_type(headers: Mapping[str, Any] | None, name: str | None) -> str | None:
+    """The content type TorchServe recorded for the request parameter `name` (None if unknown)."""
+    if not headers or name is None:
+        return None
+    parameter = headers.get(name)
+    if isinstance(parameter, Mapping):
+        parameter = parameter.get("content-type")
+    return parameter if isinstance(parameter, str) else None
+
+
+def payload_content_type(name: str, headers: Mapping[str, Any] | None) -> ContentType:
+    """The payload's media type and charset, from its parameter's entry and the request's Content-Type.
+
+    TorchServe keeps only the media type of each parameter: the charset is the request's.
+    For the raw body that is the whole Content-Type; for a form field, an urlencoded form's charset.
+    """
+    request = ContentType.parse(request_header(headers, "content-type"))
+    parameter = ContentType.parse(parameter_content_type(headers, name))
+    if name == "body" and request.media_type and not request.is_form:
+        return request
+    return ContentType(parameter.media_type, parameter.charset or request.charset)
+
+
+def _without_payload(item: Any, headers: Mapping[str, Any] | None) -> Rejection:
+    """Why an item with none of the payload parameters cannot be served, and what to do."""
+    fields = len(item) if isinstance(item, Mapping) else 0
+    request = ContentType.parse(request_header(headers, "content-type"))
+    if request.is_form:
+        if fields == 0 and (request_header(headers, "content-length") or "").strip() == "0":
+            return rejection.empty_text()  # an empty form: nothing was sent
+        return rejection.form_without_text(request.media_type, fields)
+    if fields:
+        return rejection.missing_input(fields)
+    return rejection.empty_text()
+
+
+def decode_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int) -> str | Document | Rejection:
+    """One item of a TorchServe batch (its parameters, and its headers from the context) -> text or document."""
+    name, value = payload_of(item)
+    if name is None:
+        return _without_payload(item, headers)
+    return _decode(value, payload_content_type(name, headers), max_bytes)
+
+
+def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str | Rejection:
+    """A payload in the plain /predictions format -> its text: raw text, or JSON {"text": ...}."""
+    decoded = decode_body(value, content_type, max_bytes)
+    if isinstance(decoded, Document):
+        return text_from_json(decoded.value)
+    return decoded

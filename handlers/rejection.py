@@ -69,3 +69,54 @@ def out_of_memory() -> Rejection:
 
 def internal_error() -> Rejection:
     return Rejection(500, "InternalError", "the handler failed on this item")
+
+
+# ---- how the text was sent (handlers/decoding.py) -------------------------------------------------
+# Messages name what was received and the exact fix, never a field's value or name: with curl -d,
+# TorchServe's form parser turns the client's text itself into field names.
+
+PLAIN_TEXT_FIX = (
+    'send the text itself with -H "Content-Type: text/plain" (curl -H "Content-Type: text/plain" '
+    '--data-binary @review.txt), or JSON {"text": ...} with -H "Content-Type: application/json"'
+)
+
+
+def form_without_text(media_type: str, fields: int) -> Rejection:
+    """A form body (urlencoded or multipart) with no field named `text` or `data`."""
+    if media_type == "multipart/form-data":
+        received = f"a multipart form with {fields} part{'s' if fields != 1 else ''}, none named 'text' or 'data'"
+        fix = 'name the part text (curl -F "text=@review.txt"), or ' + PLAIN_TEXT_FIX
+    else:
+        if fields:
+            received = f"a form body ({media_type}) with {fields} field{'s' if fields != 1 else ''}"
+            received += ", none named 'text' or 'data'"
+        else:
+            received = f"a form body ({media_type}) without a single name=value field"
+        received += "; curl -d and --data-binary declare this type unless told otherwise"
+        fix = PLAIN_TEXT_FIX + ', or as a form field: --data-urlencode "text@review.txt"'
+    return Rejection(400, "FormWithoutText", f"received {received}: {fix}")
+
+
+def missing_input(inputs: int) -> Rejection:
+    """A request without a body whose inputs (gRPC's input map) include neither `text` nor `data`."""
+    return Rejection(
+        400,
+        "MissingField",
+        f"request has {inputs} input{'s' if inputs != 1 else ''}, none named 'text' or 'data' "
+        "(over gRPC: input={'data': <the text as UTF-8 bytes>})",
+    )
+
+
+def unsupported_charset(charset: str) -> Rejection:
+    shown = charset if len(charset) <= 40 else charset[:40] + "..."
+    return Rejection(
+        415,
+        "UnsupportedCharset",
+        f"charset {shown!r} in Content-Type is not a text encoding this server knows: send UTF-8 "
+        "(the default; leave charset out) or a standard one such as utf-16, iso-8859-1, windows-1252, shift_jis",
+    )
+
+
+def invalid_encoding(charset: str, position: int) -> Rejection:
+    """The body does not decode in the charset its Content-Type declares (InvalidUTF8 for UTF-8)."""
+    return Rejection(400, "InvalidEncoding", f"body is not valid {charset} (byte {position}), the declared charset")

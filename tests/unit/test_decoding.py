@@ -6,9 +6,20 @@ import json
 
 import pytest
 
-from handlers.decoding import decode_payload, is_json_content_type, payload_of
+from handlers import rejection
+from handlers.decoding import (
+    ContentType,
+    Document,
+    decode_payload,
+    decode_request,
+    is_json_content_type,
+    payload_of,
+    request_header,
+    text_codec,
+)
 from handlers.rejection import Rejection
 from handlers.validation import decode_and_validate, validate_text
+from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
 
 LIMIT = 64 * 1024
 JSON = "application/json"
@@ -96,9 +107,10 @@ def test_pre_parsed_json_that_is_not_an_object():
     assert isinstance(outcome, Rejection) and outcome.type == "NotAnObject"
 
 
-def test_payload_of_prefers_body_then_data():
-    assert payload_of({"body": b"a", "data": b"b"}) == ("body", b"a")
-    assert payload_of({"data": b"b"}) == ("data", b"b")
+def test_payload_of_prefers_body_then_text_then_data():
+    assert payload_of({"body": b"a", "text": b"t", "data": b"b"}) == ("body", b"a")
+    assert payload_of({"data": b"b", "text": b"t"}) == ("text", b"t")
+    assert payload_of({"data": b"b", "other": b"o"}) == ("data", b"b")
     assert payload_of({}) == (None, None)
     assert payload_of("not a dict") == (None, None)
 
@@ -127,3 +139,249 @@ def test_rejection_phrase_is_the_http_reason():
     outcome = check(b"", "text/plain")
     assert outcome.phrase == "Bad Request"
     assert Rejection(413, "PayloadTooLarge", "m").phrase == "Request Entity Too Large"
+
+
+# ---- charsets and byte-order marks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "expected"),
+    [
+        ("Grand hôtel".encode("utf-16"), "text/plain; charset=utf-16", "Grand hôtel"),  # BOM + little-endian
+        ("Grand hôtel".encode("utf-16-be"), "text/plain; charset=UTF-16BE", "Grand hôtel"),
+        ("café crème".encode("latin-1"), "text/plain; charset=ISO-8859-1", "café crème"),
+        ("naïve “quotes”".encode("cp1252"), 'text/plain; charset="windows-1252"', "naïve “quotes”"),
+        ("素晴らしい".encode("shift_jis"), "text/plain;charset=Shift_JIS", "素晴らしい"),
+        ("素晴らしい".encode("utf-32"), "text/plain; charset=utf-32", "素晴らしい"),
+        (b"plain", "text/plain; format=flowed", "plain"),  # other parameters are ignored
+        (b"\xef\xbb\xbfWith a BOM", "text/plain", "With a BOM"),  # UTF-8 byte-order mark, stripped
+        (b"\xef\xbb\xbfWith a BOM", None, "With a BOM"),
+        (b"\xef\xbb\xbfWith a BOM", "text/plain; charset=utf-8", "With a BOM"),
+        ("\ufeffBOM".encode("utf-16-le"), "text/plain; charset=utf-16le", "BOM"),
+        (b'\xef\xbb\xbf{"text": "JSON with a BOM"}', JSON, "JSON with a BOM"),
+        ('{"text": "JSON in UTF-16"}'.encode("utf-16"), "application/json; charset=utf-16", "JSON in UTF-16"),
+        ("caf\u00e9".encode("latin-1"), "text/plain; charset*=iso-8859-1''latin1", "café"),  # RFC 2231
+    ],
+)
+def test_declared_charset_is_honoured(raw, content_type, expected):
+    assert check(raw, content_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "status", "kind"),
+    [
+        (b"text", "text/plain; charset=klingon", 415, "UnsupportedCharset"),
+        (b"dGV4dA==", "text/plain; charset=base64", 415, "UnsupportedCharset"),  # a codec, but not a charset
+        (b"text", "text/plain; charset=rot13", 415, "UnsupportedCharset"),
+        (b"\\u0041", "text/plain; charset=unicode_escape", 415, "UnsupportedCharset"),  # Python-only escapes
+        (b"text", "text/plain; charset=undefined", 415, "UnsupportedCharset"),
+        (b'{"text": "x"}', "application/json; charset=nope", 415, "UnsupportedCharset"),
+        (b"odd", "text/plain; charset=utf-16", 400, "InvalidEncoding"),  # 3 bytes cannot be UTF-16
+        (b"\x81\x00", "text/plain; charset=shift_jis", 400, "InvalidEncoding"),
+        (b"caf\xe9", "text/plain; charset=utf-8", 400, "InvalidUTF8"),  # declared UTF-8 keeps its own type
+        (b"\xef\xbb\xbf", "text/plain", 400, "EmptyText"),  # a BOM alone is no text
+        (b"\xef\xbb\xbf" + b"x" * LIMIT, "text/plain", 413, "PayloadTooLarge"),  # the BOM counts: bytes sent
+        (b"x" * (LIMIT + 1), "text/plain; charset=klingon", 413, "PayloadTooLarge"),  # the limit comes first
+    ],
+)
+def test_charset_rejections(raw, content_type, status, kind):
+    outcome = check(raw, content_type)
+    assert isinstance(outcome, Rejection), outcome
+    assert (outcome.status, outcome.type) == (status, kind), outcome.message
+
+
+def test_unsupported_charset_message_names_it_and_the_default():
+    outcome = check(b"text", "text/plain; charset=klingon")
+    assert outcome.phrase == "Unsupported Media Type"
+    assert "'klingon'" in outcome.message and "UTF-8" in outcome.message
+
+
+def test_an_absurdly_long_charset_is_not_echoed_whole():
+    outcome = check(b"text", "text/plain; charset=" + "k" * 5000)
+    assert outcome.status == 415 and len(outcome.message) < 300
+
+
+@pytest.mark.parametrize(
+    ("content_type", "media_type", "charset"),
+    [
+        ("text/plain", "text/plain", None),
+        ('Text/Plain; Charset="UTF-8"', "text/plain", "utf-8"),
+        ("application/json;charset=utf-16", "application/json", "utf-16"),
+        ("text/plain; charset=", "text/plain", None),
+        ("", "", None),
+        (None, "", None),
+        ("; charset=latin1", "", "latin1"),
+    ],
+)
+def test_content_type_parsing(content_type, media_type, charset):
+    assert ContentType.parse(content_type) == ContentType(media_type, charset)
+
+
+def test_text_codec_names():
+    assert text_codec("latin1") == text_codec("ISO-8859-1") == "iso8859-1"
+    assert text_codec("utf8") == "utf-8"
+    assert text_codec("zlib") is None and text_codec("idna") is None and text_codec("nul\0") is None
+
+
+# ---- one item as TorchServe's worker hands it over ------------------------------------------------
+
+REVIEW = "The room was great & clean, price = fair."
+
+
+def decode(shape, limit=LIMIT):
+    item, headers = shape
+    return decode_request(item, headers, limit)
+
+
+def test_raw_body_charset_comes_from_the_request_header():
+    # TorchServe records only "text/plain" for the parameter; the charset is in the request's header.
+    assert decode(raw_body("café".encode("utf-16"), "text/plain; charset=utf-16")) == "café"
+
+
+def test_request_header_in_any_case():
+    shape = raw_body(b'{"text": "lower-case header"}', "application/json", header_case="content-type")
+    assert decode(shape) == Document({"text": "lower-case header"})
+    headers = shape[1]
+    assert request_header(headers, "Content-Type") == "application/json"
+    assert request_header({"content-type": {"content-type": ""}}, "content-type") is None  # a parameter, not a header
+    assert request_header(None, "content-type") is None
+
+
+def test_raw_body_without_any_content_type_is_text():
+    assert decode(raw_body(REVIEW.encode())) == REVIEW  # curl -T review.txt
+
+
+@pytest.mark.parametrize("field", ["text", "data"])
+def test_urlencoded_field_is_the_text(field):
+    assert decode(form({field: REVIEW.encode()})) == REVIEW  # --data-urlencode "text@review.txt"
+
+
+@pytest.mark.parametrize("field", ["text", "data"])
+def test_multipart_field_is_the_text(field):
+    assert decode(form({field: REVIEW.encode()}, MULTIPART)) == REVIEW  # -F "text=..."
+    upload = form({field: REVIEW.encode()}, MULTIPART, part_types={field: "text/plain"})  # -F "text=@review.txt"
+    assert decode(upload) == REVIEW
+
+
+@pytest.mark.parametrize("content_type", [URLENCODED, MULTIPART])
+def test_text_field_wins_over_data_and_other_fields(content_type):
+    fields = {"lang": b"en", "data": b"the data field", "text": b"the text field", "id": b"7"}
+    assert decode(form(fields, content_type)) == "the text field"
+    assert decode(form({"lang": b"en", "data": b"the data field"}, content_type)) == "the data field"
+
+
+def test_a_multipart_part_declared_json_is_a_document():
+    shape = form({"data": b'{"text": "in a part"}'}, MULTIPART, part_types={"data": "application/json"})
+    assert decode(shape) == Document({"text": "in a part"})
+
+
+def test_urlencoded_form_charset_applies_to_its_fields():
+    # TorchServe percent-decodes to raw bytes: "text=caf%E9" arrives as b"caf\xe9".
+    shape = form({"text": b"caf\xe9"}, URLENCODED + "; charset=ISO-8859-1")
+    assert decode(shape) == "café"
+    assert decode(form({"text": b"caf\xe9"})).type == "InvalidUTF8"
+
+
+def test_form_field_with_a_bom():
+    assert decode(form({"text": b"\xef\xbb\xbf" + REVIEW.encode()}, MULTIPART)) == REVIEW
+
+
+def test_form_field_over_the_limit():
+    outcome = decode(form({"text": b"x" * (LIMIT + 1)}))
+    assert (outcome.status, outcome.type) == (413, "PayloadTooLarge")
+
+
+def test_curl_d_with_plain_text_says_what_was_received_and_how_to_fix_it():
+    # curl -d "The room was great, loved it.": no name=value pair, so TorchServe passes no field at all.
+    outcome = decode(form({}, content_length=29))
+    assert (outcome.status, outcome.type) == (400, "FormWithoutText")
+    message = outcome.message
+    assert URLENCODED in message and "curl -d" in message
+    for fix in ('-H "Content-Type: text/plain"', "--data-binary", '{"text": ...}', '--data-urlencode "text@'):
+        assert fix in message, fix
+
+
+def test_curl_d_with_text_that_looks_like_fields_never_echoes_them():
+    # curl -d @review.txt where the review holds "&" and "=": the text becomes field names and values.
+    fields = {"The room was great ": b" clean, price ", " fair.Second line": b""}
+    outcome = decode(form(fields))
+    assert outcome.type == "FormWithoutText"
+    assert "2 fields" in outcome.message
+    for shown in [*fields, *(value.decode() for value in fields.values())]:
+        assert not shown.strip() or shown.strip() not in outcome.message
+
+
+def test_multipart_without_a_text_part_names_the_fix():
+    outcome = decode(form({"file": REVIEW.encode()}, MULTIPART, part_types={"file": "text/plain"}))
+    assert outcome.type == "FormWithoutText"
+    assert "multipart form with 1 part" in outcome.message and '-F "text=@review.txt"' in outcome.message
+
+
+def test_form_content_type_in_any_case_and_with_parameters():
+    outcome = decode(form({}, "Application/X-WWW-Form-Urlencoded; charset=utf-8", content_length=11))
+    assert outcome.type == "FormWithoutText"
+
+
+def test_an_empty_form_is_empty_text():
+    outcome = decode(form({}, content_length=0))  # curl -d ""
+    assert outcome.type == "EmptyText"
+    assert decode(form({"text": b""})) == ""  # curl -d "text=": a text field, empty; validation refuses it
+    assert validate_text("").type == "EmptyText"
+
+
+def test_grpc_input_map():
+    assert decode(grpc({"data": REVIEW.encode()})) == REVIEW
+    assert decode(grpc({"text": "café".encode()})) == "café"
+    assert decode(grpc({"data": b"\xef\xbb\xbf" + b"bom"})) == "bom"
+    assert decode(grpc({"data": b"caf\xe9"})).type == "InvalidUTF8"
+    missing = decode(grpc({"input": REVIEW.encode(), "lang": b"en"}))
+    assert (missing.status, missing.type) == (400, "MissingField")
+    assert "input={'data'" in missing.message and "2 inputs" in missing.message
+    assert decode(grpc({})).type == "EmptyText"
+
+
+def test_no_headers_at_all():
+    assert decode_request({"body": b"hello"}, None, LIMIT) == "hello"
+    assert decode_request({}, None, LIMIT).type == "EmptyText"
+    assert decode_request(None, None, LIMIT).type == "EmptyText"
+    assert decode_request({"body": b'{"text": "x"}'}, {"body": {"content-type": JSON}}, LIMIT) == Document(
+        {"text": "x"}
+    )
+
+
+# Every documented way of sending a text, as TorchServe hands it over: none may end as EmptyText.
+DOCUMENTED_WAYS = {
+    "curl -T review.txt": raw_body(REVIEW.encode()),
+    "text/plain": raw_body(REVIEW.encode(), "text/plain"),
+    "text/plain; charset=utf-16": raw_body(REVIEW.encode("utf-16"), "text/plain; charset=utf-16"),
+    "text/plain with a BOM": raw_body(b"\xef\xbb\xbf" + REVIEW.encode(), "text/plain"),
+    "JSON": raw_body(json.dumps({"text": REVIEW}).encode(), JSON),
+    "JSON with a BOM": raw_body(b"\xef\xbb\xbf" + json.dumps({"text": REVIEW}).encode(), JSON),
+    "--data-urlencode text@review.txt": form({"text": REVIEW.encode()}),
+    "--data-urlencode data@review.txt": form({"data": REVIEW.encode()}),
+    "-F text=@review.txt": form({"text": REVIEW.encode()}, MULTIPART, part_types={"text": "text/plain"}),
+    "-F data=@review.txt": form({"data": REVIEW.encode()}, MULTIPART, part_types={"data": "application/octet-stream"}),
+    "-F text=...": form({"text": REVIEW.encode()}, MULTIPART),
+    "gRPC data": grpc({"data": REVIEW.encode()}),
+    "gRPC text": grpc({"text": REVIEW.encode()}),
+}
+
+
+@pytest.mark.parametrize("way", DOCUMENTED_WAYS)
+def test_every_documented_way_carries_the_text(way):
+    outcome = decode(DOCUMENTED_WAYS[way])
+    if isinstance(outcome, Document):
+        outcome = decode_payload(json.dumps(outcome.value).encode(), JSON, LIMIT)
+    assert outcome == REVIEW
+
+
+def test_new_rejections_have_the_error_shape():
+    for reason in (
+        rejection.form_without_text(URLENCODED, 0),
+        rejection.form_without_text("multipart/form-data", 2),
+        rejection.missing_input(1),
+        rejection.unsupported_charset("x"),
+        rejection.invalid_encoding("utf-16", 3),
+    ):
+        assert reason.body() == {"code": reason.status, "type": reason.type, "message": reason.message}
+        assert 400 <= reason.status < 500 and reason.phrase != "Error"

@@ -1,22 +1,45 @@
-"""Property tests: decoding and validation never raise, and always answer with a text or a 4xx."""
+"""Property tests: decoding and validation never raise, answer with a text or a 4xx, and never lose a text.
+
+Every way a text can arrive is fuzzed: raw bodies with any Content-Type and charset, JSON
+documents, urlencoded and multipart forms and gRPC input maps as TorchServe's worker hands them over.
+"""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from handlers.decoding import decode_payload, payload_of
+from handlers import rejection
+from handlers.decoding import Document, decode_payload, decode_request, payload_of, text_from_json
 from handlers.rejection import Rejection
-from handlers.validation import decode_and_validate
+from handlers.validation import decode_and_validate, validate_text
+from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
 
 LIMIT = 4096
+BOM = "\ufeff"
 
 content_types = st.one_of(
     st.none(),
-    st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", "", "APPLICATION/JSON"]),
+    st.sampled_from(
+        [
+            "application/json",
+            "text/plain",
+            "application/json; charset=utf-8",
+            "",
+            "APPLICATION/JSON",
+            "text/plain; charset=utf-16",
+            "text/plain; charset=latin-1",
+            "text/plain; charset=klingon",
+            "text/plain; charset=base64",
+            'application/json; charset="UTF-8"',
+        ]
+    ),
     st.text(max_size=40),
+    st.text(max_size=20).map(lambda charset: f"text/plain; charset={charset}"),
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
@@ -36,6 +59,15 @@ payload_values = st.one_of(
 )
 
 
+def servable(text: str) -> bool:
+    """What validation accepts: not blank, and encodable (no unpaired surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return bool(text.strip())
+
+
 def assert_well_formed(outcome: object) -> None:
     if isinstance(outcome, Rejection):
         assert 400 <= outcome.status < 500
@@ -47,7 +79,17 @@ def assert_well_formed(outcome: object) -> None:
         outcome.encode("utf-8")  # and the tokenizer can take it
 
 
+def validated(decoded: object) -> object:
+    """What the handler makes of decode_request's outcome for the plain format."""
+    if isinstance(decoded, Document):
+        decoded = text_from_json(decoded.value)
+    return decoded if isinstance(decoded, Rejection) else validate_text(decoded)
+
+
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- raw bodies and JSON --------------------------------------------------------------------------
 
 
 @FUZZ
@@ -66,28 +108,159 @@ def test_arbitrary_bytes(raw, content_type):
 
 
 @FUZZ
-@given(text=st.text(max_size=LIMIT // 4))
-def test_any_unicode_text_round_trips_as_plain_text(text):
-    outcome = decode_and_validate(text.encode("utf-8"), "text/plain", LIMIT)
-    if text.strip():
-        assert outcome == text
+@given(text=st.text(max_size=LIMIT // 4), bom=st.booleans())
+def test_any_unicode_text_round_trips_as_plain_text(text, bom):
+    raw = (b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass")
+    outcome = decode_and_validate(raw, "text/plain", LIMIT)
+    expected = text if bom else text.removeprefix(BOM)  # one leading byte-order mark is never text
+    if servable(expected):
+        assert outcome == expected
     else:
-        assert isinstance(outcome, Rejection) and outcome.type == "EmptyText"
+        assert isinstance(outcome, Rejection) and outcome.type in ("EmptyText", "InvalidUTF8")
 
 
 @FUZZ
-@given(document=json_documents)
-def test_arbitrary_json_documents(document):
-    body = json.dumps(document).encode("utf-8", "surrogatepass")
-    outcome = decode_payload(body, "application/json", 10 * LIMIT)
-    assert_well_formed(decode_and_validate(body, "application/json", 10 * LIMIT))
-    if isinstance(document, dict) and isinstance(document.get("text"), str) and not isinstance(outcome, Rejection):
-        assert outcome == document["text"]
+@given(
+    document=json_documents,
+    ensure_ascii=st.booleans(),
+    bom=st.booleans(),
+    content_type=st.sampled_from(["application/json", "application/json; charset=utf-8", "Application/JSON"]),
+)
+def test_arbitrary_json_documents(document, ensure_ascii, bom, content_type):
+    body = json.dumps(document, ensure_ascii=ensure_ascii).encode("utf-8", "surrogatepass")
+    body = (b"\xef\xbb\xbf" if bom else b"") + body
+    limit = 10 * LIMIT
+    outcome = decode_and_validate(body, content_type, limit)
+    assert_well_formed(outcome)
+    text = document.get("text") if isinstance(document, dict) else None
+    if isinstance(text, str) and servable(text) and len(body) <= limit:
+        # Every object with a servable string `text` is accepted, and decoded to exactly that text.
+        assert outcome == text
+    else:
+        assert isinstance(outcome, Rejection)
 
 
 @FUZZ
 @given(item=st.one_of(st.none(), json_values, st.dictionaries(st.text(max_size=6), payload_values, max_size=3)))
 def test_payload_of_any_item(item):
     name, value = payload_of(item)
-    assert name in (None, "body", "data")
+    assert name in (None, "body", "text", "data")
     assert_well_formed(decode_and_validate(value, "text/plain", LIMIT))
+
+
+# ---- charsets -------------------------------------------------------------------------------------
+
+CHARSETS = [
+    "utf-8", "UTF-8", "utf8", "utf-16", "utf-16le", "UTF-16BE", "utf-32", "iso-8859-1", "latin1",
+    "windows-1252", "cp1251", "koi8-r", "shift_jis", "euc-jp", "gb18030", "big5", "us-ascii", "utf-7",
+]  # fmt: skip
+
+
+@FUZZ
+@given(text=st.text(max_size=LIMIT // 8), charset=st.sampled_from(CHARSETS), quoted=st.booleans())
+def test_text_in_any_declared_charset_round_trips(text, charset, quoted):
+    try:
+        raw = text.encode(charset)
+    except UnicodeEncodeError:
+        assume(False)
+    assume(len(raw) <= LIMIT)
+    content_type = f'text/plain; charset="{charset}"' if quoted else f"text/plain; charset={charset}"
+    outcome = decode_and_validate(raw, content_type, LIMIT)
+    expected = text.removeprefix(BOM)
+    if servable(expected):
+        assert outcome == expected
+    else:
+        assert isinstance(outcome, Rejection)
+
+
+@FUZZ
+@given(raw=st.binary(max_size=256), charset=st.one_of(st.sampled_from(CHARSETS), st.text(max_size=30)))
+def test_any_charset_value_is_decoded_or_refused_cleanly(raw, charset):
+    outcome = decode_and_validate(raw, f"text/plain; charset={charset}", LIMIT)
+    assert_well_formed(outcome)
+    if isinstance(outcome, Rejection) and outcome.status == 415:
+        # Only a charset outside the well-known ones is refused.
+        assert outcome.type == "UnsupportedCharset"
+        with contextlib.suppress(LookupError, ValueError):
+            assert codecs.lookup(charset.strip()).name not in {codecs.lookup(c).name for c in CHARSETS}
+
+
+# ---- forms and gRPC, as TorchServe's worker hands them over ---------------------------------------
+
+field_names = st.one_of(
+    st.sampled_from(["text", "data", "lang", "id", "file", "body"]), st.text(min_size=1, max_size=12)
+)
+field_values = st.one_of(
+    st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=200)
+)
+form_fields = st.dictionaries(field_names, field_values, max_size=5)
+form_types = st.sampled_from([URLENCODED, MULTIPART, URLENCODED + "; charset=utf-8", "Multipart/Form-Data; boundary=x"])
+
+
+@FUZZ
+@given(fields=form_fields, content_type=form_types, content_length=st.one_of(st.none(), st.integers(0, 10_000)))
+def test_forms(fields, content_type, content_length):
+    item, headers = form(fields, content_type, content_length=content_length)
+    decoded = decode_request(item, headers, LIMIT)
+    outcome = validated(decoded)
+    assert_well_formed(outcome)
+    chosen = next((fields[name] for name in ("body", "text", "data") if name in fields), None)
+    if chosen is None:
+        # No field carries the text: say so (never echoing a field), unless nothing at all was sent.
+        media_type = content_type.split(";")[0].strip().lower()
+        if not fields and headers["Content-Length"] == "0":
+            assert outcome == rejection.empty_text()
+        else:
+            assert outcome == rejection.form_without_text(media_type, len(fields))
+        return
+    try:
+        text = chosen.decode("utf-8").removeprefix(BOM)
+    except UnicodeDecodeError:
+        assert outcome.type == "InvalidUTF8"
+        return
+    if servable(text):
+        assert outcome == text, "a servable text in the chosen field is the text"
+    else:
+        assert isinstance(outcome, Rejection)
+
+
+@FUZZ
+@given(
+    text=st.text(min_size=1, max_size=300),
+    others=form_fields,
+    content_type=form_types,
+    name=st.sampled_from(["text", "data"]),
+)
+def test_a_servable_text_field_is_never_lost(text, others, content_type, name):
+    assume(servable(text.removeprefix(BOM)))
+    fields = {k: v for k, v in others.items() if k not in ("body", "text")}
+    fields[name] = text.encode("utf-8", "surrogatepass")
+    item, headers = form(fields, content_type)
+    outcome = validated(decode_request(item, headers, LIMIT))
+    assert outcome == text.removeprefix(BOM)
+
+
+@FUZZ
+@given(inputs=st.dictionaries(field_names, field_values, max_size=4))
+def test_grpc_input_maps(inputs):
+    item, headers = grpc(inputs)
+    outcome = validated(decode_request(item, headers, LIMIT))
+    assert_well_formed(outcome)
+    if not any(name in inputs for name in ("body", "text", "data")):
+        assert outcome == (rejection.missing_input(len(inputs)) if inputs else rejection.empty_text())
+
+
+@FUZZ
+@given(
+    value=payload_values,
+    content_type=content_types,
+    header_case=st.sampled_from(["Content-Type", "content-type", "CONTENT-TYPE"]),
+)
+def test_raw_bodies_with_request_headers(value, content_type, header_case):
+    assume(isinstance(value, (bytes, str)))
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    item, headers = raw_body(raw, content_type, header_case)
+    outcome = validated(decode_request(item, headers, LIMIT))
+    assert_well_formed(outcome)
+    # The request header is read in any case: the outcome is that of the payload and its whole Content-Type.
+    assert outcome == validated(decode_payload(raw, content_type, LIMIT))

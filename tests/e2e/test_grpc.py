@@ -1,0 +1,145 @@
+"""TorchServe's gRPC inference API (inference.proto's Predictions), driven with TorchServe's own .proto files.
+
+TorchServe 0.12's GRPCJob.response ignores the status the handler sets for an item: a rejected
+item arrives as a successful call (StatusCode.OK) whose prediction is the error JSON. These tests
+pin that down, so the README's advice (check the body's "code") stays true, and prove that answers
+over gRPC equal those over HTTP, that items of a batch stay independent, and that the inference
+key is required.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2
+
+from tests.grpc_client import compile_protos
+from tooling.prometheus import metric_value
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "grpc-tiny"
+LIMIT = 64 * 1024  # the handler's default max_bytes
+
+
+@pytest.fixture(scope="module")
+def protos(tmp_path_factory):
+    return compile_protos(tmp_path_factory.mktemp("grpc_generated"))
+
+
+@pytest.fixture(scope="module")
+def model(torchserve, tiny_checkpoint, make_archive):
+    archive = make_archive(tiny_checkpoint, MODEL)
+    response = torchserve.register(archive, batch_size=8, max_batch_delay=50)
+    assert response.status_code == 200, response.text
+    yield MODEL
+    torchserve.unregister(MODEL)
+
+
+@pytest.fixture(scope="module")
+def channel(torchserve):
+    with grpc.insecure_channel(f"127.0.0.1:{torchserve.ports['grpc_i']}") as channel:
+        # TorchServe answers HTTP /ping before its gRPC servers listen: wait for the port.
+        grpc.channel_ready_future(channel).result(timeout=60)
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def stub(protos, channel):
+    return protos["inference_pb2_grpc"].InferenceAPIsServiceStub(channel)
+
+
+def bearer(torchserve, api: str = "inference") -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {torchserve.keys()[api]}"),)
+
+
+def predict(stub, protos, torchserve, inputs: dict[str, bytes], model: str = MODEL) -> dict:
+    """One Predictions call; the answer is always a successful call, so the body says what happened."""
+    request = protos["inference_pb2"].PredictionsRequest(model_name=model, input=inputs)
+    response = stub.Predictions(request, metadata=bearer(torchserve), timeout=60)
+    return json.loads(response.prediction)
+
+
+def batching(torchserve) -> tuple[float, float]:
+    text = torchserve.metrics_text()
+    return metric_value(text, "bert_items_total", ModelName=MODEL), metric_value(
+        text, "bert_batches_total", ModelName=MODEL
+    )
+
+
+def test_ping_with_the_inference_key(stub, protos, torchserve):
+    health = stub.Ping(empty_pb2.Empty(), metadata=bearer(torchserve), timeout=10)
+    assert "Healthy" in health.health
+
+
+def test_concurrent_mixed_calls_answer_as_http_does(stub, protos, torchserve, model):
+    texts = [f"grpc review {i}: " + "quiet clean room " * (i % 5) + "friendly staff" for i in range(24)]
+    invalid = [
+        ({"data": b""}, b"", 400, "EmptyText"),
+        ({"data": b"   \n"}, b"   \n", 400, "EmptyText"),
+        ({"data": b"\xc3\x28"}, b"\xc3\x28", 400, "InvalidUTF8"),
+        ({"data": b"z" * (LIMIT + 1)}, b"z" * (LIMIT + 1), 413, "PayloadTooLarge"),
+        ({"input": b"a text under a name the handler does not read"}, None, 400, "MissingField"),
+        ({}, b"", 400, "EmptyText"),
+    ]
+    calls = []  # (inputs, expected): expected is a text index, or (http body, status, type)
+    for i, text in enumerate(texts):
+        name = "text" if i % 3 == 0 else "data"
+        calls.append(({name: text.encode()}, i))
+        if i % 4 == 3:
+            inputs, http_body, status, kind = invalid[(i // 4) % len(invalid)]
+            calls.append((inputs, (http_body, status, kind)))
+
+    before = batching(torchserve)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(lambda call: predict(stub, protos, torchserve, call[0]), calls))
+    items, batches = (after - start for after, start in zip(batching(torchserve), before))
+    assert items == len(calls) and items / batches > 1, f"no batching: {items} items in {batches} batches"
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        over_http = list(pool.map(lambda text: torchserve.predict(model, text.encode()), texts))
+
+    for (_, expected), answer in zip(calls, answers):
+        if isinstance(expected, int):
+            http = over_http[expected]
+            assert http.status_code == 200, http.text
+            assert answer["label"] == http.json()["label"]
+            assert answer["scores"] == pytest.approx(http.json()["scores"], abs=1e-4)
+            continue
+        http_body, status, kind = expected
+        # The call succeeded; its body is the error, with the code HTTP would have answered.
+        assert set(answer) == {"code", "type", "message"}, answer
+        assert (answer["code"], answer["type"]) == (status, kind)
+        assert answer["message"]
+        if http_body is not None:
+            http = torchserve.predict(model, http_body)
+            assert (http.status_code, http.json()) == (status, answer)
+
+
+def test_a_rejected_item_is_a_successful_call_carrying_the_error(stub, protos, torchserve, model):
+    """What the README tells gRPC clients: no RpcError; parse the body, and a "code" key means refused."""
+    request = protos["inference_pb2"].PredictionsRequest(model_name=model, input={"data": b""})
+    response, call = stub.Predictions.with_call(request, metadata=bearer(torchserve), timeout=60)
+    assert call.code() == grpc.StatusCode.OK
+    assert json.loads(response.prediction) == {
+        "code": 400,
+        "type": "EmptyText",
+        "message": "text is empty or whitespace only",
+    }
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key", "management"])
+def test_token_authorization_holds_over_grpc(stub, protos, torchserve, model, key):
+    if key is None:
+        metadata = ()
+    elif key == "management":
+        metadata = bearer(torchserve, "management")  # a real key, but not the inference one
+    else:
+        metadata = (("authorization", f"Bearer {key}"),)
+    request = protos["inference_pb2"].PredictionsRequest(model_name=model, input={"data": b"hello"})
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Predictions(request, metadata=metadata, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "Token Authorization failed" in refused.value.details()
