@@ -58,7 +58,21 @@ def test_concurrent_mixed_protocols_are_answered_instance_by_instance(served):
     server, model = served
     paths = routes(model)
     rng = random.Random(11)
-    words = "room staff food clean dirty loud quiet lovely awful slow fast kind rude".split()
+    words = [
+        "room",
+        "staff",
+        "food",
+        "clean",
+        "dirty",
+        "loud",
+        "quiet",
+        "lovely",
+        "awful",
+        "slow",
+        "fast",
+        "kind",
+        "rude",
+    ]
     requests = []  # (path, body, texts or None, expected status/type for bad ones)
     for i in range(96):
         texts = [f"{i}-{k} " + " ".join(rng.choices(words, k=rng.randint(1, 30))) for k in range(rng.randint(1, 5))]
@@ -70,7 +84,7 @@ def test_concurrent_mixed_protocols_are_answered_instance_by_instance(served):
         else:
             requests.append((paths["v2"], v2(*texts, request_id=f"req-{i}"), texts, None))
         if i % 8 == 7:  # bad requests interleaved, so they share batches with good ones
-            name, body, status, kind_, fragment = MALFORMED[(i // 8) % len(MALFORMED)]
+            _name, body, status, kind_, fragment = MALFORMED[(i // 8) % len(MALFORMED)]
             path = paths["v2"] if "inputs" in body else paths["v1"]
             requests.append((path, body, None, (status, kind_, fragment)))
 

@@ -1,0 +1,77 @@
+"""Build KServe's TorchServe storage layout, with the cluster configuration, from an archive.
+
+    python -m scripts.kserve_layout model_store/bert.mar --out build/kserve \\
+        [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60]
+
+writes build/kserve/config/config.properties (+ metrics.yaml) and build/kserve/model-store/<name>.mar,
+then prints where to upload them. The work is done by tooling/cluster_config.py; this is its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tooling.cluster_config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_DELAY_MS,
+    DEFAULT_RESPONSE_TIMEOUT_S,
+    DEFAULT_ROOT,
+    NotAnArchive,
+    build_kserve_layout,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("archive", type=Path, help="the .mar to serve (scripts/archive_model.py builds it)")
+    parser.add_argument("--out", type=Path, default=Path("build/kserve"), help="layout folder (default build/kserve)")
+    parser.add_argument("--name", default="bert", help="model name in URLs (/v1/models/NAME:predict); default bert")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--max-batch-delay", type=int, default=DEFAULT_MAX_BATCH_DELAY_MS, help="milliseconds")
+    parser.add_argument("--workers", type=int, default=1, help="workers per pod: 1 per GPU; on CPU see the README")
+    parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
+    parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
+    args = parser.parse_args(argv)
+    if not args.archive.is_file():
+        print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
+        return 2
+    try:
+        config = build_kserve_layout(
+            args.archive,
+            args.out,
+            args.name,
+            batch_size=args.batch_size,
+            max_batch_delay=args.max_batch_delay,
+            workers=args.workers,
+            response_timeout=args.response_timeout,
+            root=args.root,
+        )
+    except NotAnArchive as exc:
+        print(f"kserve_layout: {exc}", file=sys.stderr)
+        return 2
+    out = args.out
+    # The Dockerfile bakes build/kserve by default; another folder must be inside the build context
+    # (the repository) and admitted by .dockerignore.
+    default_layout = out == Path("build/kserve")
+    layout_arg = "" if default_layout else f" --build-arg LAYOUT={out}"
+    layout_note = "" if default_layout else f"{'':24}(LAYOUT: a folder inside the repository, see .dockerignore)\n"
+    print(f"wrote {config}")
+    print(f"wrote {config.parent / 'metrics.yaml'}")
+    print(f"wrote {out / 'model-store' / (args.name + '.mar')}")
+    print(
+        f"\nUpload the folder as it is, so that the pod sees it at {args.root}:\n"
+        f"  KServe (storageUri):  aws s3 cp --recursive {out} s3://YOUR-BUCKET/{args.name}/   "
+        f"(or gsutil -m cp -r {out}/* gs://YOUR-BUCKET/{args.name}/)\n"
+        f"                        then set storageUri: s3://YOUR-BUCKET/{args.name} in deploy/kserve/*.yaml\n"
+        f"  Image (baked in):     docker build -f deploy/docker/Dockerfile{layout_arg} "
+        f"-t REGISTRY/bert-torchserve:0.1.0-cpu .\n{layout_note}"
+        f"  Volume (mounted):     copy {out}/ to the volume mounted at {args.root} "
+        f"(and build the image with --target runtime)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The generated cluster configuration, the image and the manifests agree: ports, paths, probes, timeouts.
+
+Each test reads the configuration from tooling/cluster_config.py (what the image and the KServe
+layout carry), the Dockerfile and the manifests (kustomize renderings included), and compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.deploy.manifests import (
+    DEPLOY,
+    KSERVE,
+    KUBERNETES,
+    OVERLAYS,
+    by_kind,
+    dockerfile_env,
+    dockerfile_stages,
+    documents,
+    exec_form,
+    one,
+    render,
+)
+from tooling import cluster_config
+
+GENERATED = cluster_config.cluster_properties()
+ROOT = cluster_config.DEFAULT_ROOT
+CONFIG_PATH = f"{ROOT}/{cluster_config.CONFIG_DIR}/{cluster_config.PROPERTIES_NAME}"
+STAGES = dockerfile_stages()
+RUNTIME = STAGES["runtime"]
+[RUNTIME_DOC] = documents(KSERVE / "servingruntime.yaml")
+[RUNTIME_CONTAINER] = RUNTIME_DOC["spec"]["containers"]
+
+
+def _port(address: str) -> int:
+    return urlsplit(address).port
+
+
+INFERENCE_PORT = _port(GENERATED["inference_address"])
+METRICS_PORT = _port(GENERATED["metrics_address"])
+PRIVATE_PORTS = {
+    _port(GENERATED["management_address"]),
+    int(GENERATED["grpc_inference_port"]),
+    int(GENERATED["grpc_management_port"]),
+}
+
+
+def _instruction(stage, keyword: str) -> list[str]:
+    return [arguments for kw, arguments in stage if kw == keyword]
+
+
+def _deployments() -> dict[str, dict]:
+    return {overlay: one(render(overlay), "Deployment") for overlay in OVERLAYS}
+
+
+def _container(deployment: dict) -> dict:
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _resolve(port, container: dict) -> int:
+    """A probe's or Service's port, by number or by the container port's name."""
+    if isinstance(port, int):
+        return port
+    [number] = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == port]
+    return number
+
+
+def _copy_destination(source: str) -> str:
+    [destination] = [args.split()[-1] for args in _instruction(RUNTIME, "COPY") if args.split()[0] == source]
+    return destination
+
+
+# ---- the entry command ---------------------------------------------------------------------------
+
+
+def test_the_image_and_the_serving_runtime_start_torchserve_on_the_generated_layout():
+    [cmd] = _instruction(RUNTIME, "CMD")
+    command = exec_form(cmd)
+    assert RUNTIME_CONTAINER["args"] == command
+    assert exec_form(_instruction(RUNTIME, "ENTRYPOINT")[0])[0].endswith("tini")
+    assert command[:2] == ["torchserve", "--start"]
+    assert "--foreground" in command  # the container lives as long as TorchServe does
+    assert "--ncs" in command  # no config snapshots next to a read-only configuration
+    assert command[command.index("--ts-config") + 1] == CONFIG_PATH
+    assert command[command.index("--model-store") + 1] == GENERATED["model_store"]
+    # The default stage bakes the layout exactly where the command reads it.
+    [copy] = _instruction(STAGES["bundled"], "COPY")
+    assert copy.split()[-1].rstrip("/") == ROOT
+
+
+def test_the_generated_paths_are_absolute_and_under_the_layout_root():
+    for key in ("model_store", "metrics_config"):
+        path = PurePosixPath(GENERATED[key])
+        assert path.is_absolute() and path.is_relative_to(ROOT), (key, path)
+    assert GENERATED["metrics_config"] == f"{ROOT}/{cluster_config.CONFIG_DIR}/{cluster_config.METRICS_NAME}"
+
+
+# ---- ports ---------------------------------------------------------------------------------------
+
+
+def test_only_the_inference_and_metrics_ports_leave_the_pod():
+    # What must be reachable from outside the pod listens on every interface, the rest on loopback.
+    assert urlsplit(GENERATED["inference_address"]).hostname == "0.0.0.0"
+    assert urlsplit(GENERATED["metrics_address"]).hostname == "0.0.0.0"
+    assert urlsplit(GENERATED["management_address"]).hostname == "127.0.0.1"
+    assert GENERATED["grpc_inference_address"] == GENERATED["grpc_management_address"] == "127.0.0.1"
+
+    [expose] = _instruction(RUNTIME, "EXPOSE")
+    assert {int(port) for port in expose.split()} == {INFERENCE_PORT, METRICS_PORT}
+    for overlay, deployment in _deployments().items():
+        ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
+        assert ports == {"http": INFERENCE_PORT, "metrics": METRICS_PORT}, overlay
+    # KServe (Knative) allows one declared port: the inference one; metrics are announced by annotation.
+    assert [p["containerPort"] for p in RUNTIME_CONTAINER["ports"]] == [INFERENCE_PORT]
+
+
+def test_the_service_exposes_the_inference_port_only():
+    for overlay in OVERLAYS:
+        service = one(render(overlay), "Service")
+        container = _container(one(render(overlay), "Deployment"))
+        [port] = service["spec"]["ports"]
+        assert port["port"] == INFERENCE_PORT
+        assert _resolve(port["targetPort"], container) == INFERENCE_PORT
+        assert not PRIVATE_PORTS & {port["port"], _resolve(port["targetPort"], container)}
+
+
+def test_the_network_policy_admits_the_ingress_to_inference_and_prometheus_to_metrics_only():
+    policy = one(render("cpu"), "NetworkPolicy")
+    spec = policy["spec"]
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    assert spec.get("egress", []) == []  # no egress at all: the model is in the image
+    admitted = {}
+    for rule in spec["ingress"]:
+        [peer] = rule["from"]
+        [port] = rule["ports"]
+        namespace = peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        admitted[namespace] = port["port"]
+    assert admitted == {"ingress-nginx": INFERENCE_PORT, "monitoring": METRICS_PORT}
+
+
+def test_metrics_are_announced_where_torchserve_serves_them():
+    for overlay, deployment in _deployments().items():
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", overlay
+        assert int(annotations["prometheus.io/port"]) == METRICS_PORT
+        assert annotations["prometheus.io/path"] == cluster_config.METRICS_PATH
+    announced = RUNTIME_DOC["spec"]["annotations"]
+    assert int(announced["prometheus.kserve.io/port"]) == METRICS_PORT
+    assert announced["prometheus.kserve.io/path"] == cluster_config.METRICS_PATH
+    assert GENERATED["metrics_mode"] == "prometheus"
+
+
+# ---- probes --------------------------------------------------------------------------------------
+
+
+def _containers_with_probes() -> dict[str, dict]:
+    return {
+        **{f"deployment/{o}": _container(d) for o, d in _deployments().items()},
+        "servingruntime": RUNTIME_CONTAINER,
+    }
+
+
+@pytest.mark.parametrize("where", sorted(_containers_with_probes()))
+def test_the_probes_ask_for_a_loaded_model_and_a_live_frontend(where):
+    container = _containers_with_probes()[where]
+    probe_script = _copy_destination("deploy/docker/model_ready.py")
+    expected_readiness = ["python3", probe_script, "--config", CONFIG_PATH]
+    assert container["readinessProbe"]["exec"]["command"] == expected_readiness
+    if "startupProbe" in container:
+        assert container["startupProbe"]["exec"]["command"] == expected_readiness
+    liveness = container["livenessProbe"]["httpGet"]
+    assert liveness["path"] == cluster_config.HEALTH_PATH
+    assert _resolve(liveness["port"], container) == INFERENCE_PORT
+
+
+def test_the_readiness_probe_reads_the_models_from_the_generated_configuration():
+    import runpy
+
+    probe = runpy.run_path(str(DEPLOY / "docker" / "model_ready.py"))
+    assert probe["DEFAULT_CONFIG"] == CONFIG_PATH
+    assert probe["expected_models"](GENERATED) == {"bert": 1}
+    snapshot = json.loads(GENERATED["model_snapshot"])
+    assert list(snapshot["models"]) == ["bert"]
+
+
+# ---- termination, file system, user ---------------------------------------------------------------
+
+
+def test_termination_outlasts_the_response_timeout():
+    response_timeout = int(GENERATED["default_response_timeout"])
+    [entry] = json.loads(GENERATED["model_snapshot"])["models"]["bert"].values()
+    assert entry["responseTimeout"] == response_timeout
+    for overlay, deployment in _deployments().items():
+        spec = deployment["spec"]["template"]["spec"]
+        command = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[0] == "sleep"
+        drain = int(command[1])
+        assert response_timeout < drain < spec["terminationGracePeriodSeconds"], overlay
+
+
+def test_the_root_file_system_is_read_only_and_everything_torchserve_writes_is_on_the_empty_dir():
+    env = dockerfile_env(RUNTIME)
+    writable = ("HOME", "TMPDIR", "TEMP", "LOG_LOCATION", "METRICS_LOCATION", "HF_HOME")
+    [workdir] = _instruction(RUNTIME, "WORKDIR")
+    for where, container in _containers_with_probes().items():
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+        mounts = [mount["mountPath"] for mount in container["volumeMounts"]]
+        for path in [env[name] for name in writable] + [workdir]:
+            assert any(posixpath.commonpath([path, mount]) == mount for mount in mounts), (where, path)
+
+
+def test_the_image_user_is_the_one_the_manifests_require():
+    [user] = _instruction(RUNTIME, "USER")
+    uid = int(user.split(":")[0])
+    assert uid != 0
+    for overlay, deployment in _deployments().items():
+        pod = deployment["spec"]["template"]["spec"]["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] == uid, overlay
+    assert RUNTIME_CONTAINER["securityContext"]["runAsUser"] == uid
+
+
+# ---- GPU, autoscaling, selectors ------------------------------------------------------------------
+
+
+def test_the_gpu_overlay_gives_one_gpu_per_worker():
+    [entry] = json.loads(GENERATED["model_snapshot"])["models"]["bert"].values()
+    workers = entry["minWorkers"]
+    assert entry["maxWorkers"] == workers == int(GENERATED["default_workers_per_model"])
+    gpu = _container(_deployments()["gpu"])["resources"]
+    assert int(gpu["limits"]["nvidia.com/gpu"]) == int(gpu["requests"]["nvidia.com/gpu"]) == workers
+    cpu = _container(_deployments()["cpu"])["resources"]
+    assert "nvidia.com/gpu" not in cpu["limits"]
+    assert cpu["requests"] == cpu["limits"]  # Guaranteed QoS: whole CPUs with the static CPU manager
+
+
+def test_the_autoscaler_scales_on_rates_the_adapter_serves_from_the_recording_rules():
+    hpa = one(render("cpu"), "HorizontalPodAutoscaler")
+    deployment = one(render("cpu"), "Deployment")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "bert-torchserve"}
+    assert deployment["metadata"]["name"] == "bert-torchserve"
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns the count
+    names = [metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"] if metric["type"] == "Pods"]
+    assert len(names) == len(hpa["spec"]["metrics"])
+    assert "bert_queue_ms_per_request" in names
+
+    adapter = yaml.safe_load((KUBERNETES / "prometheus-adapter" / "values.yaml").read_text())
+    rules = {rule["name"]["as"]: rule for rule in adapter["rules"]["custom"]}
+    assert set(names) <= set(rules)
+    recorded = _recording_rules()
+    for name in names:
+        rule = rules[name]
+        assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+        used = {word for word in _metric_names(rule["seriesQuery"] + " " + rule["metricsQuery"])}
+        assert used, name
+        assert used <= recorded, (name, used - recorded)  # only recording rules: rates, never raw counters
+    assert "instance:bert_queue_ms_per_request:rate1m" in _metric_names(
+        rules["bert_queue_ms_per_request"]["metricsQuery"]
+    )
+
+
+def _recording_rules() -> set[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())
+    return {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+
+
+def _metric_names(query: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\binstance:[a-z_]+:rate1m\b|\b[a-z_]+_total\b", query))
+
+
+def test_every_selector_finds_the_deployment_pods():
+    for overlay in OVERLAYS:
+        docs = render(overlay)
+        labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        selectors = [
+            one(docs, "Deployment")["spec"]["selector"]["matchLabels"],
+            one(docs, "Service")["spec"]["selector"],
+            one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+            one(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+        ]
+        for selector in selectors:
+            assert selector.items() <= labels.items(), (overlay, selector)
+        assert len(by_kind(docs, "Deployment")) == 1

@@ -1,0 +1,94 @@
+"""Every manifest and every overlay rendering validates offline: Kubernetes schemas (strict) and KServe's classes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.deploy.manifests import (
+    DEPLOY,
+    KSERVE,
+    KSERVE_GROUP,
+    OVERLAYS,
+    KServeSchemaError,
+    documents,
+    manifest_files,
+    render,
+    validate,
+)
+
+FILES = manifest_files()
+
+
+def test_the_deploy_tree_has_what_the_issue_asks_for():
+    kinds = {(path.relative_to(DEPLOY).parts[0], doc["kind"]) for path in FILES for doc in documents(path)}
+    assert {
+        ("kserve", "ServingRuntime"),
+        ("kserve", "InferenceService"),
+        ("kubernetes", "Deployment"),
+        ("kubernetes", "Service"),
+        ("kubernetes", "PodDisruptionBudget"),
+        ("kubernetes", "NetworkPolicy"),
+        ("kubernetes", "HorizontalPodAutoscaler"),
+    } <= kinds
+    protocols = {doc["spec"]["predictor"]["model"]["protocolVersion"] for doc in _inference_services()}
+    assert protocols == {"v1", "v2"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_each_manifest_validates(path):
+    docs = documents(path)
+    assert docs, f"{path} holds no document"
+    for doc in docs:
+        validate(doc)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_renders_and_every_rendered_object_validates(overlay):
+    docs = render(overlay)
+    assert {doc["kind"] for doc in docs} == {
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "HorizontalPodAutoscaler",
+    }
+    for doc in docs:
+        assert not doc["apiVersion"].startswith(KSERVE_GROUP)
+        validate(doc)
+
+
+def test_the_kserve_check_is_strict():
+    """The KServe validator is only worth something if it refuses what the cluster would refuse."""
+    [runtime] = documents(KSERVE / "servingruntime.yaml")
+    broken = []
+    misspelt = copy.deepcopy(runtime)
+    misspelt["spec"]["containers"][0]["readinessProbe"]["exec"]["cmd"] = ["true"]
+    broken.append(misspelt)
+    nameless = copy.deepcopy(runtime)
+    del nameless["spec"]["containers"][0]["name"]
+    broken.append(nameless)
+    wrong_type = copy.deepcopy(_inference_services()[0])
+    wrong_type["spec"]["predictor"]["minReplicas"] = "1"
+    broken.append(wrong_type)
+    for doc in broken:
+        with pytest.raises(KServeSchemaError):
+            validate(doc)
+
+
+def test_the_kubernetes_check_is_strict():
+    import kubernetes_validate
+
+    [deployment] = documents(DEPLOY / "kubernetes" / "base" / "deployment.yaml")
+    misspelt = copy.deepcopy(deployment)
+    misspelt["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(misspelt)
+    unknown_kind = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate(unknown_kind)
+
+
+def _inference_services() -> list[dict]:
+    return [doc for path in FILES for doc in documents(path) if doc["kind"] == "InferenceService"]
