@@ -1,0 +1,137 @@
+"""A fleet on one machine: N TorchServe replicas behind HAProxy, watched by Prometheus (tooling/fleet.py).
+
+    .venv/bin/python -m scripts.fleet up --replicas 2     # start; prints the front URL and a curl
+    .venv/bin/python -m scripts.fleet status              # what runs, HAProxy's and Prometheus's view
+    .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
+    .venv/bin/python -m scripts.fleet ready r0            # back in rotation
+    .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started
+
+`up` serves model_store/bert.mar (built by scripts/setup.sh) as `bert` with the cluster configuration,
+writes logs/fleet.json, and returns once every replica is ready and every scrape target is up.
+Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from tooling.fleet import (
+    BACKEND,
+    DEFAULT_ROOT,
+    Fleet,
+    FleetError,
+    FleetSpec,
+    haproxy_command,
+    haproxy_servers,
+    read_state,
+    stop_fleet,
+)
+from tooling.paths import MODEL_STORE
+
+SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
+
+
+def parse_alert_for(values: list[str]) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        name, _, duration = value.partition("=")
+        if not name or not duration:
+            raise argparse.ArgumentTypeError(f"--alert-for expects NAME=DURATION, got {value!r}")
+        pairs[name] = duration
+    return pairs
+
+
+def up(args: argparse.Namespace) -> int:
+    archive = Path(args.archive)
+    if len(archive.parts) == 1:
+        archive = args.model_store / archive
+    spec = FleetSpec(
+        replicas=args.replicas,
+        model_store=archive.parent.resolve(),
+        archive=archive.name,
+        batch_size=args.batch_size,
+        max_batch_delay=args.max_batch_delay,
+        alert_for=parse_alert_for(args.alert_for),
+    )
+    print(f"==> starting {spec.replicas} replicas of {archive}, HAProxy and Prometheus (files in {args.root}/fleet)")
+    fleet = Fleet(spec, root=args.root).up()
+    for replica in fleet.replicas:
+        cores = ",".join(map(str, replica.cores)) if replica.cores else "all"
+        print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {replica.inference_url}")
+    print(f"""
+Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas; state in {fleet.state_file})
+  curl -H "Content-Type: application/json" -d '{SAMPLE}' {fleet.front_url}/predictions/bert
+Prometheus: {fleet.prometheus_url}   HAProxy stats: {fleet.haproxy_metrics_url}/stats
+Drain a replica: .venv/bin/python -m scripts.fleet drain r0   (back: ... ready r0)
+Stop: .venv/bin/python -m scripts.fleet down""")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    try:
+        state = read_state(args.root)
+    except FileNotFoundError:
+        print("no fleet is up")
+        return 1
+    print(json.dumps(state, indent=2))
+    import requests
+
+    try:
+        for name, row in haproxy_servers(state["haproxy_socket"]).items():
+            print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
+        targets = requests.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        for target in targets:
+            print(f"prometheus: {target['labels']['job']} {target['scrapeUrl']} {target['health']}")
+    except (OSError, requests.RequestException, KeyError, ValueError) as error:
+        print(f"could not reach the fleet: {error}")
+        return 1
+    return 0
+
+
+def set_state(args: argparse.Namespace) -> int:
+    socket_path = read_state(args.root)["haproxy_socket"]
+    answer = haproxy_command(socket_path, f"set server {BACKEND}/{args.replica} state {args.command}").strip()
+    print(answer or f"==> {args.replica}: {args.command}")
+    return 1 if answer else 0
+
+
+def down(args: argparse.Namespace) -> int:
+    stopped = stop_fleet(args.root)
+    print("==> stopped " + (", ".join(stopped) if stopped else "nothing (no fleet was running)"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)
+    # A SIGTERM during `up` unwinds through Fleet.up(), which stops whatever it had started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where fleet.json and fleet/ live (logs/)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("up", help="start the fleet")
+    start.add_argument("--replicas", type=int, default=2)
+    start.add_argument("--model-store", type=Path, default=MODEL_STORE)
+    start.add_argument("--archive", default="bert.mar", help="archive in the model store, or a path to one")
+    start.add_argument("--batch-size", type=int, default=8)
+    start.add_argument("--max-batch-delay", type=int, default=2, help="ms")
+    start.add_argument(
+        "--alert-for", action="append", default=[], metavar="ALERT=DURATION", help="e.g. BertReplicaDown=10s"
+    )
+    commands.add_parser("status", help="show the running fleet")
+    commands.add_parser("down", help="stop the fleet")
+    for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):
+        commands.add_parser(state, help=f"HAProxy: {what}").add_argument("replica", help="r0, r1, ...")
+    args = parser.parse_args(argv)
+    try:
+        return {"up": up, "status": status, "down": down, "drain": set_state, "ready": set_state}[args.command](args)
+    except FleetError as error:
+        print(f"fleet: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Idempotent: installs the Debian packages the fleet needs (scripts/fleet.py, tests/e2e/test_fleet.py)
+# when one of their commands is missing: haproxy (the load balancer) and prometheus (the server and promtool).
+# As root it installs them non-interactively; otherwise it says what to run and exits 0, so the rest of
+# the set-up still works (the fleet tests then fail in CI with the same advice, and skip elsewhere).
+# A package's postinst may start its daemon (where no policy-rc.d forbids it): the fleet runs its own
+# instances on private ports, so any haproxy/prometheus process the install started is stopped, by pid.
+set -euo pipefail
+
+PACKAGES=(haproxy prometheus)
+COMMANDS=(haproxy prometheus promtool)
+
+missing=()
+for command in "${COMMANDS[@]}"; do
+  command -v "$command" >/dev/null 2>&1 || missing+=("$command")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "==> system packages: haproxy, prometheus and promtool are installed"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  cat >&2 <<MSG
+==> system packages: missing ${missing[*]} (needed by scripts/fleet.py and the fleet tests).
+    Install them as root, then run the set-up again:
+      sudo apt-get update && sudo apt-get install -y --no-install-recommends ${PACKAGES[*]}
+    (other systems: HAProxy >= 2.4 and Prometheus >= 2.37 with promtool, on PATH)
+MSG
+  exit 0
+fi
+
+# Processes running one of the packages' daemons, as "pid" lines (matched by executable, never by name).
+daemon_pids() {
+  local proc exe
+  for proc in /proc/[0-9]*; do
+    exe=$(readlink "$proc/exe" 2>/dev/null) || continue
+    case "$exe" in
+      */haproxy | */prometheus) echo "${proc#/proc/}" ;;
+    esac
+  done | sort
+}
+
+before=$(daemon_pids)
+echo "==> system packages: installing ${PACKAGES[*]} (missing: ${missing[*]})"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold "${PACKAGES[@]}" >/dev/null
+after=$(daemon_pids)
+
+# Stop only what the install itself started: pids that did not exist before it.
+started=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')
+for pid in $started; do
+  echo "==> system packages: stopping $(readlink "/proc/$pid/exe" 2>/dev/null || echo '?') (pid $pid), started by its postinst"
+  kill "$pid" 2>/dev/null || true
+done
+for pid in $started; do
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+done
+
+for package in "${PACKAGES[@]}"; do
+  echo "==> system packages: installed $package $(dpkg-query -W -f='${Version}' "$package")"
+done
+for command in "${COMMANDS[@]}"; do
+  command -v "$command" >/dev/null 2>&1 || { echo "$command is still missing after the install" >&2; exit 1; }
+done

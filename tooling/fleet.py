@@ -1,0 +1,678 @@
+"""A fleet on one machine: N TorchServe replicas behind HAProxy, watched by Prometheus.
+
+The same components as a production fleet, on loopback ports:
+
+- each replica is a private TorchServe (tooling/torchserve.py) built from the cluster configuration
+  (tooling/cluster_config.py: the model loaded at start with its batching, registration off, token
+  authorization off), in its own working directory, pinned to its share of the cores when there are
+  at least as many cores as replicas;
+- HAProxy (deploy/fleet/haproxy.cfg.template) balances them with `leastconn`, health-checks /ping every
+  second, retries a failed or unanswered request on another replica, and has an admin socket for draining;
+- Prometheus scrapes every replica's metrics port and HAProxy's own exporter, with the repository's
+  recording and alerting rules (deploy/prometheus/).
+
+What was started is written to `<root>/fleet.json` (the public description: front URL, Prometheus
+URL, HAProxy's socket, each replica's Java frontend pid and URLs) and `<root>/fleet/processes.json`
+(what `down` needs: each process id with its start time, so a recycled pid is never signalled).
+Every process is stopped by its id (a replica by its process group), never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+import yaml
+
+from tooling.paths import MODEL_STORE, REPO
+from tooling.torchserve import TorchServe, free_port
+
+DEPLOY = REPO / "deploy"
+HAPROXY_TEMPLATE = DEPLOY / "fleet" / "haproxy.cfg.template"
+RECORDING_RULES = DEPLOY / "prometheus" / "rules.yaml"
+ALERTING_RULES = DEPLOY / "prometheus" / "alerts.yaml"
+DEFAULT_ROOT = REPO / "logs"
+
+BACKEND = "torchserve"  # HAProxy backend name, and the Prometheus job the alerts expect
+REPLICA_JOB = "torchserve"
+HAPROXY_JOB = "haproxy"
+SYSTEM_COMMANDS = ("haproxy", "prometheus")
+INSTALL_HINT = (
+    "install them with scripts/install_system_packages.sh (as root), or "
+    "`sudo apt-get install -y --no-install-recommends haproxy prometheus`"
+)
+
+
+class FleetError(RuntimeError):
+    """The fleet could not be started, reached, or stopped as asked."""
+
+
+def missing_system_commands() -> list[str]:
+    """haproxy / prometheus commands not on PATH."""
+    return [name for name in SYSTEM_COMMANDS if shutil.which(name) is None]
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What to run. Batching and queue settings go to every replica's cluster configuration."""
+
+    replicas: int = 2
+    model_store: Path = MODEL_STORE
+    archive: str = "bert.mar"  # file name inside model_store
+    model_name: str = "bert"
+    batch_size: int = 8
+    max_batch_delay: int = 2
+    workers: int = 1
+    job_queue_size: int | None = None  # None: the cluster configuration's default
+    retries: int = 3  # HAProxy: attempts after the first, each on another replica
+    scrape_interval_s: int = 1  # short, so a test sees a replica down within seconds
+    alert_for: Mapping[str, str] = field(default_factory=dict)  # alert name -> `for:` (e.g. shorter in tests)
+    pin_cores: bool = True
+
+
+def archive_response_timeout(archive: Path, default: int) -> int:
+    """The response timeout TorchServe 0.12 will use for `archive`: its model-config.yaml's, if it has one.
+
+    With a model config in the archive TorchServe takes `responseTimeout` from it (default 120) and
+    ignores the server's and the snapshot's value; without one the server's default applies.
+    """
+    with zipfile.ZipFile(archive) as mar:
+        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
+        config_name = manifest.get("model", {}).get("configFile")
+        if not config_name:
+            return default
+        config = yaml.safe_load(mar.read(config_name)) or {}
+    return int(config.get("responseTimeout", 120))
+
+
+def core_shares(replicas: int, cores: Sequence[int]) -> list[list[int] | None]:
+    """Each replica's cores: an equal, disjoint share when there are enough cores, else None (no pinning)."""
+    cores = sorted(cores)
+    per_replica = len(cores) // replicas if replicas else 0
+    if per_replica < 1:
+        return [None] * replicas
+    return [cores[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
+
+
+def haproxy_timeout_server(response_timeout: int) -> int:
+    """HAProxy's `timeout server`: past the model's own timeout, so TorchServe answers a slow batch first
+    (with its own error), with room for the time a request waits in the queue before its batch starts."""
+    return int(response_timeout * 1.5) + 1
+
+
+def haproxy_config(
+    *,
+    servers: Mapping[str, str],
+    front_port: int,
+    stats_port: int,
+    socket_path: Path,
+    response_timeout: int,
+    retries: int,
+) -> str:
+    """HAProxy's configuration for `servers` ({name: "127.0.0.1:port"}), from deploy/fleet/haproxy.cfg.template."""
+    timeout_server = haproxy_timeout_server(response_timeout)
+    lines = [f"    server {name} {address} check" for name, address in servers.items()]
+    return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
+        socket=socket_path,
+        front_port=front_port,
+        stats_port=stats_port,
+        response_timeout=response_timeout,
+        timeout_server=timeout_server,
+        timeout_client=timeout_server * (retries + 1) + 10,
+        retries=retries,
+        servers="\n".join(lines),
+    )
+
+
+def prometheus_config(
+    *, replica_targets: Mapping[str, str], haproxy_target: str, rule_files: Sequence[Path], interval_s: int
+) -> str:
+    """Prometheus's configuration: every replica's metrics port (labelled with its replica name) and HAProxy's."""
+    interval = f"{interval_s}s"
+    config = {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": REPLICA_JOB,
+                "static_configs": [
+                    {"targets": [target], "labels": {"replica": name}} for name, target in replica_targets.items()
+                ],
+            },
+            {"job_name": HAPROXY_JOB, "static_configs": [{"targets": [haproxy_target]}]},
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def alerting_rules(alert_for: Mapping[str, str]) -> str:
+    """deploy/prometheus/alerts.yaml with some alerts' `for:` replaced (a test cannot wait a minute)."""
+    rules = yaml.safe_load(ALERTING_RULES.read_text())
+    unknown = set(alert_for)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") in alert_for:
+                rule["for"] = alert_for[rule["alert"]]
+                unknown.discard(rule["alert"])
+    if unknown:
+        raise FleetError(f"no such alert in {ALERTING_RULES.name}: {sorted(unknown)}")
+    return yaml.safe_dump(rules, sort_keys=False)
+
+
+# ---- processes ------------------------------------------------------------------------------------------
+
+
+def process_record(pid: int) -> dict[str, float]:
+    """A pid with its start time: enough to recognize the same process later."""
+    return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+
+
+def same_process(record: Mapping[str, float]) -> psutil.Process | None:
+    """The recorded process if it is still the one that was started, else None."""
+    try:
+        process = psutil.Process(int(record["pid"]))
+        return process if process.create_time() == record["create_time"] else None
+    except psutil.Error:
+        return None
+
+
+def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: float = 30.0) -> None:
+    """SIGTERM the recorded process (its whole process group if `group`), SIGKILL if it outlives `timeout`."""
+    process = same_process(record) if record else None
+    if process is None:
+        # The leader is gone, but its group may still hold workers. Linux does not hand out a pid that
+        # is still some group's id, so if no process has that pid, the group is ours; if one has, the
+        # pid was recycled after our group emptied, and that process is not ours to signal.
+        if group and record and not psutil.pid_exists(int(record["pid"])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(record["pid"]), signal.SIGKILL)
+        return
+    pid = process.pid
+    members = [process, *process.children(recursive=True)]
+
+    def signal_all(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+
+    signal_all(signal.SIGCONT)  # a stopped process would hold SIGTERM pending forever
+    signal_all(signal.SIGTERM)
+    _, alive = psutil.wait_procs(members, timeout=timeout)
+    if alive:
+        signal_all(signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=10)
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def java_frontend(leader_pid: int, timeout: float = 30.0) -> psutil.Process:
+    """The Java frontend that the `torchserve --foreground` process `leader_pid` started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(leader_pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.name() == "java":
+                    return child
+        time.sleep(0.2)
+    raise FleetError(f"no Java frontend under torchserve pid {leader_pid} after {timeout}s")
+
+
+def in_parallel(calls: Sequence[Callable[[], None]]) -> None:
+    """Run the calls in threads (a TorchServe takes seconds to stop, as to start) and wait for all."""
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
+    """Poll `check` until it returns True; FleetError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(requests.RequestException, OSError, ValueError, KeyError):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise FleetError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ---- HAProxy's admin socket -----------------------------------------------------------------------------
+
+
+def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0) -> str:
+    """Send one command to HAProxy's admin socket and return its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
+    """`show stat` for the replicas' backend: {server name: its columns (status, scur, stot, ...)}."""
+    text = haproxy_command(socket_path, "show stat").lstrip("# ")
+    rows = csv.DictReader(line for line in text.splitlines() if line.strip())
+    return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
+
+
+# ---- the fleet ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    """One TorchServe replica: its name in HAProxy, its fixed addresses, its cores, its running server."""
+
+    name: str
+    workdir: Path
+    addresses: dict[str, str]  # properties that fix its ports: reused when it is restarted
+    cores: list[int] | None
+    server: TorchServe | None = None
+    java_pid: int | None = None
+    leader: dict[str, float] | None = None  # the torchserve process (its process group) with its start time
+
+    @property
+    def inference_url(self) -> str:
+        return self.addresses["inference_address"]
+
+    @property
+    def metrics_url(self) -> str:
+        return self.addresses["metrics_address"]
+
+    @property
+    def management_url(self) -> str:
+        return self.addresses["management_address"]
+
+    @property
+    def host_port(self) -> str:
+        return self.inference_url.removeprefix("http://")
+
+
+class Fleet:
+    """The running fleet, owned by this object: `up()` starts it, `down()` stops exactly what it started.
+
+    `root` holds fleet.json and the fleet/ directory (every replica's working directory, HAProxy's
+    and Prometheus's configuration, data and logs). For a fleet started by another process use
+    `stop_fleet(root)`.
+    """
+
+    def __init__(self, spec: FleetSpec, root: Path = DEFAULT_ROOT) -> None:
+        self.spec = spec
+        self.root = Path(root)
+        self.dir = self.root / "fleet"
+        self.state_file = self.root / "fleet.json"
+        self.processes_file = self.dir / "processes.json"
+        self.replicas: list[Replica] = []
+        self.haproxy: subprocess.Popen | None = None
+        self.prometheus: subprocess.Popen | None = None
+        self.front_port = 0
+        self.stats_port = 0
+        self.prometheus_port = 0
+        self.socket_path = self.dir / "haproxy.sock"
+        self.response_timeout = 0
+        self._logs: list = []
+
+    # ---- addresses --------------------------------------------------------------------------------
+
+    @property
+    def front_url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def timeout_server(self) -> int:
+        """HAProxy's `timeout server` in seconds: how long a request waits on a replica that does not answer."""
+        return haproxy_timeout_server(self.response_timeout)
+
+    @property
+    def haproxy_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.stats_port}"
+
+    def describe(self) -> dict:
+        """The contents of fleet.json."""
+        return {
+            "front": self.front_url,
+            "prometheus": self.prometheus_url,
+            "haproxy_socket": str(self.socket_path),
+            "replicas": [
+                {"pid": replica.java_pid, "inference": replica.inference_url, "metrics": replica.metrics_url}
+                for replica in self.replicas
+            ],
+        }
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+
+    def up(self, timeout: float = 180.0) -> Fleet:
+        """Start every replica, HAProxy and Prometheus; return once all are ready and every target is up."""
+        missing = missing_system_commands()
+        if missing:
+            raise FleetError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
+        if self.state_file.exists():
+            raise FleetError(f"{self.state_file} exists: a fleet is already up (stop it with `down` first)")
+        archive = Path(self.spec.model_store) / self.spec.archive
+        if not archive.is_file():
+            raise FleetError(f"no archive {archive} (scripts/setup.sh builds model_store/bert.mar)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        server_default = int(self._base_properties()["default_response_timeout"])
+        self.response_timeout = archive_response_timeout(archive, default=server_default)
+        try:
+            self._start_replicas(timeout)
+            self._start_haproxy()
+            self._start_prometheus()
+            self.wait_ready(timeout)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Stop everything this fleet started, by pid, and remove its state files."""
+        self._stop_popen(self.prometheus)
+        self.prometheus = None
+        self._stop_popen(self.haproxy)
+        self.haproxy = None
+        in_parallel([lambda r=replica: self._stop_replica(r) for replica in self.replicas])
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        self.state_file.unlink(missing_ok=True)
+        self.processes_file.unlink(missing_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Fleet:
+        return self.up()
+
+    def __exit__(self, *exc_info) -> None:
+        self.down()
+
+    # ---- replicas ---------------------------------------------------------------------------------
+
+    def _base_properties(self) -> dict[str, str]:
+        from tooling.cluster_config import cluster_properties
+
+        options = {
+            "archive": self.spec.archive,
+            "batch_size": self.spec.batch_size,
+            "max_batch_delay": self.spec.max_batch_delay,
+            "workers": self.spec.workers,
+        }
+        if self.spec.job_queue_size is not None:
+            options["job_queue_size"] = self.spec.job_queue_size
+        return cluster_properties(self.spec.model_name, **options)
+
+    def _start_replicas(self, timeout: float) -> None:
+        cores = os.sched_getaffinity(0)
+        shares = core_shares(self.spec.replicas, cores) if self.spec.pin_cores else [None] * self.spec.replicas
+        for index, share in enumerate(shares):
+            workdir = self.dir / f"r{index}"
+            server = TorchServe(workdir, self.spec.model_store, base=self._base_properties())
+            addresses = {
+                key: server.properties[key]
+                for key in (
+                    "inference_address",
+                    "management_address",
+                    "metrics_address",
+                    "grpc_inference_port",
+                    "grpc_management_port",
+                )
+            }
+            self.replicas.append(Replica(f"r{index}", workdir, addresses, share, server))
+        self._save_state()
+        # In parallel: on 2 cores, two JVMs starting one after the other double the wait.
+        errors: list[BaseException] = []
+        in_parallel([lambda r=replica: self._start_replica_thread(r, timeout, errors) for replica in self.replicas])
+        self._save_state()
+        if errors:
+            raise errors[0]
+
+    def _start_replica_thread(self, replica: Replica, timeout: float, errors: list[BaseException]) -> None:
+        try:
+            self._start_replica(replica, timeout)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(error)
+
+    def _start_replica(self, replica: Replica, timeout: float) -> None:
+        """Start the replica's server from a thread pinned to its cores (in a thread of its own)."""
+        # Linux applies sched_setaffinity(0, ...) to the calling thread only, and a child process
+        # inherits the mask of the thread that forked it: torchserve, its Java frontend and every
+        # Python worker the frontend spawns (now or after a crash) all stay on these cores, with
+        # no window in which a worker starts unpinned.
+        if replica.cores is not None:
+            os.sched_setaffinity(0, replica.cores)
+        assert replica.server is not None
+        replica.server.start(timeout=timeout)
+        assert replica.server.process is not None
+        replica.leader = process_record(replica.server.process.pid)
+        replica.java_pid = java_frontend(replica.server.process.pid).pid
+        wait_for(lambda: self.replica_ready(replica), timeout, f"replica {replica.name}'s model to be ready")
+
+    def replica_ready(self, replica: Replica) -> bool:
+        """Every worker of the model READY (management API, which listens on loopback only)."""
+        url = f"{replica.management_url}/models/{self.spec.model_name}"
+        workers = requests.get(url, timeout=2).json()[0]["workers"]
+        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+
+    def _stop_replica(self, replica: Replica) -> None:
+        if replica.leader is not None and same_process(replica.leader):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(replica.leader["pid"]), signal.SIGCONT)  # a stopped JVM never sees SIGTERM
+        if replica.server is not None:
+            replica.server.stop()  # SIGTERM to its process group, SIGKILL if needed, and reaps it
+            replica.server = None
+        else:
+            stop_recorded(replica.leader, group=True)
+        replica.leader = None
+
+    def restart_replica(self, index: int, timeout: float = 120.0) -> Replica:
+        """Stop what is left of replica `index` and start it again on the same ports (HAProxy knows them)."""
+        replica = self.replicas[index]
+        self._stop_replica(replica)
+        replica.server = TorchServe(
+            replica.workdir, self.spec.model_store, overrides=replica.addresses, base=self._base_properties()
+        )
+        errors: list[BaseException] = []
+        in_parallel([lambda: self._start_replica_thread(replica, timeout, errors)])  # a thread of its own: pinning
+        self._save_state()
+        if errors:
+            raise errors[0]
+        return replica
+
+    # ---- HAProxy and Prometheus -------------------------------------------------------------------
+
+    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
+        log = open(self.dir / log_name, "ab")  # noqa: SIM115 - closed in down()
+        self._logs.append(log)
+        # Its own session: `up` returns and the fleet runs on; Ctrl-C in the shell does not reach it.
+        return subprocess.Popen(
+            command,
+            cwd=self.dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _start_haproxy(self) -> None:
+        self.front_port, self.stats_port = free_port(), free_port()
+        config = self.dir / "haproxy.cfg"
+        config.write_text(
+            haproxy_config(
+                servers={replica.name: replica.host_port for replica in self.replicas},
+                front_port=self.front_port,
+                stats_port=self.stats_port,
+                socket_path=self.socket_path,
+                response_timeout=self.response_timeout,
+                retries=self.spec.retries,
+            )
+        )
+        check = subprocess.run(["haproxy", "-c", "-q", "-f", str(config)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise FleetError(f"haproxy rejects {config}:\n{check.stdout}{check.stderr}")
+        self.socket_path.unlink(missing_ok=True)
+        # -db: stay in the foreground, one process, so its pid is the one to stop.
+        self.haproxy = self._spawn(["haproxy", "-db", "-f", str(config)], "haproxy.log")
+        self._save_state()
+
+    def _start_prometheus(self) -> None:
+        self.prometheus_port = free_port()
+        alerts = self.dir / "alerts.yaml"
+        alerts.write_text(alerting_rules(self.spec.alert_for))
+        config = self.dir / "prometheus.yml"
+        config.write_text(
+            prometheus_config(
+                replica_targets={r.name: r.metrics_url.removeprefix("http://") for r in self.replicas},
+                haproxy_target=self.haproxy_metrics_url.removeprefix("http://"),
+                rule_files=[RECORDING_RULES, alerts],
+                interval_s=self.spec.scrape_interval_s,
+            )
+        )
+        data = self.dir / "prometheus-data"
+        shutil.rmtree(data, ignore_errors=True)  # a previous fleet's series name ports that no longer exist
+        command = [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+            "--storage.tsdb.retention.time=1d",
+            "--log.level=warn",
+        ]
+        self.prometheus = self._spawn(command, "prometheus.log")
+        self._save_state()
+
+    def _stop_popen(self, process: subprocess.Popen | None) -> None:
+        if process is None:
+            return
+        stop_recorded(process_record(process.pid) if process.poll() is None else None, group=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+    # ---- readiness --------------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Every replica ready and UP in HAProxy, every Prometheus target up and the rules loaded."""
+        for replica in self.replicas:
+            wait_for(lambda r=replica: self.replica_ready(r), timeout, f"replica {replica.name} to be ready")
+        wait_for(self.all_servers_up, timeout, "HAProxy to mark every replica UP")
+        wait_for(
+            lambda: requests.get(f"{self.prometheus_url}/-/ready", timeout=2).ok, timeout, "Prometheus to be ready"
+        )
+        wait_for(self.all_targets_up, timeout, "every Prometheus target to be up")
+        groups = sum(len(yaml.safe_load(path.read_text())["groups"]) for path in (RECORDING_RULES, ALERTING_RULES))
+        wait_for(lambda: len(self.rule_groups()) == groups, timeout, "Prometheus to load the rules")
+
+    def all_servers_up(self) -> bool:
+        servers = haproxy_servers(self.socket_path)
+        return len(servers) == len(self.replicas) and all(row["status"] == "UP" for row in servers.values())
+
+    def all_targets_up(self) -> bool:
+        targets = self.api("targets")["activeTargets"]
+        return len(targets) == len(self.replicas) + 1 and all(t["health"] == "up" for t in targets)
+
+    def rule_groups(self) -> list[dict]:
+        return self.api("rules")["groups"]
+
+    # ---- operating it -----------------------------------------------------------------------------
+
+    def haproxy_command(self, command: str) -> str:
+        return haproxy_command(self.socket_path, command)
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """HAProxy's view of every replica: {name: show-stat columns}."""
+        return haproxy_servers(self.socket_path)
+
+    def set_server_state(self, name: str, state: str) -> None:
+        """`ready`, `drain` (finish in-flight requests, take no new ones) or `maint`."""
+        answer = self.haproxy_command(f"set server {BACKEND}/{name} state {state}")
+        if answer.strip():
+            raise FleetError(f"haproxy refused to set {name} {state}: {answer.strip()}")
+
+    def api(self, path: str, **params: str) -> dict:
+        """GET Prometheus's /api/v1/<path>; its `data`."""
+        response = requests.get(f"{self.prometheus_url}/api/v1/{path}", params=params, timeout=10)
+        response.raise_for_status()
+        body = response.json()
+        if body.get("status") != "success":
+            raise FleetError(f"prometheus {path}: {body}")
+        return body["data"]
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        """An instant query's result vector (at `at`, a Unix time, if given)."""
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self.api("query", **params)["result"]
+
+    def alerts(self) -> list[dict]:
+        return self.api("alerts")["alerts"]
+
+    # ---- state ------------------------------------------------------------------------------------
+
+    def _save_state(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        records = {
+            "replicas": [replica.leader for replica in self.replicas],
+            "haproxy": process_record(self.haproxy.pid) if self.haproxy and self.haproxy.poll() is None else None,
+            "prometheus": (
+                process_record(self.prometheus.pid) if self.prometheus and self.prometheus.poll() is None else None
+            ),
+        }
+        self.processes_file.write_text(json.dumps(records, indent=2) + "\n")
+
+
+def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:
+    """Stop a fleet that `Fleet.up()` started in another process, from its records; what was stopped."""
+    root = Path(root)
+    state_file = root / "fleet.json"
+    processes_file = root / "fleet" / "processes.json"
+    if not processes_file.exists():
+        state_file.unlink(missing_ok=True)
+        return []
+    records = json.loads(processes_file.read_text())
+    stopped = []
+    for name in ("prometheus", "haproxy"):
+        if records.get(name) and same_process(records[name]):
+            stopped.append(f"{name} (pid {records[name]['pid']})")
+        stop_recorded(records.get(name), group=False)
+    for index, record in enumerate(records.get("replicas", [])):
+        if record and same_process(record):
+            stopped.append(f"replica r{index} (process group {record['pid']})")
+    in_parallel([lambda r=record: stop_recorded(r, group=True) for record in records.get("replicas", [])])
+    state_file.unlink(missing_ok=True)
+    processes_file.unlink(missing_ok=True)
+    (root / "fleet" / "haproxy.sock").unlink(missing_ok=True)
+    return stopped
+
+
+def read_state(root: Path = DEFAULT_ROOT) -> dict:
+    """fleet.json of the fleet under `root`."""
+    return json.loads((Path(root) / "fleet.json").read_text())
