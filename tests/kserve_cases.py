@@ -74,7 +74,9 @@ def v1(*texts: str) -> dict[str, Any]:
 
 
 def v2(*texts: str, request_id: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}]}
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}]
+    }
     if request_id is not None:
         body["id"] = request_id
     return body

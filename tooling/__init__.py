@@ -12,4 +12,8 @@ or installs signal handlers: errors are exceptions, entry points decide what to 
   prometheus.py   reading samples from a Prometheus text endpoint
   inprocess.py    driving the handler without a server, with TorchServe's own Context
   soak.py         steady mixed traffic and worker memory over time
+  onnx_export.py  checkpoint -> ONNX, parity check against PyTorch, int8 quantization and its agreement
+  cluster_config.py  the cluster server configuration (KServe storage layout, Kubernetes, the fleet)
+  fleet.py        replicas behind HAProxy, watched by Prometheus, on one machine
+  bench/          the benchmark: corpus, load generator, ceilings, served cells, targets, report
 """

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from tests.support import unseen_reviews
+from tests.answers import TOLERANCE, assert_same_answer, distinguishable_texts
+from tests.rejection_cases import REJECTED_BODIES
+from tests.support import JSON, TEXT, unseen_reviews
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
-
-TEXT = "text/plain"
-JSON = "application/json"
 
 
 @pytest.fixture(scope="module")
@@ -34,33 +35,27 @@ def test_registration_sets_batching_through_the_management_api(torchserve, tiny_
     assert [w["status"] for w in description["workers"]] == ["READY"]
 
 
-def test_concurrent_mixed_requests_each_get_their_own_answer(torchserve, tiny_model):
-    valid = [f"review number {i}: " + "pleasant " * (i % 7) + "stay" for i in range(32)]
-    invalid = [
-        (b"", TEXT, 400, "EmptyText"),
-        (b'{"txt": "x"}', JSON, 400, "MissingField"),
-        (b'{"text": 1}', JSON, 400, "WrongType"),
-        (b"{oops", JSON, 400, "MalformedJSON"),
-        (b"[]", JSON, 400, "NotAnObject"),
-        (b"\xc3\x28", TEXT, 400, "InvalidUTF8"),
-        (b"y" * (64 * 1024 + 10), TEXT, 413, "PayloadTooLarge"),
-        (b"   ", TEXT, 400, "EmptyText"),
-    ]
-    # Interleave invalid items with valid ones so they share batches.
+def test_concurrent_mixed_requests_each_get_their_own_answer(
+    torchserve, tiny_model, loaded_handler, unpacked_model_dir
+):
+    # Valid texts whose answers alone differ pairwise by more than twice the comparison
+    # tolerance, so an answer delivered to the wrong request cannot pass unseen.
+    candidates = (f"review number {i}: " + "pleasant " * (i % 7) + "stay" for i in itertools.count())
+    valid, alone = distinguishable_texts(loaded_handler, unpacked_model_dir, candidates, 32, 3 * TOLERANCE)
+    # Every rejection case of the shared table, interleaved with valid items so they share batches.
     mixed = []
     for i, text in enumerate(valid):
         body, content_type = (json.dumps({"text": text}).encode(), JSON) if i % 2 else (text.encode(), TEXT)
         mixed.append((body, content_type, i))
-        if i % 4 == 3:
-            body, content_type, status, kind = invalid[i // 4]
+        if i < len(REJECTED_BODIES):
+            body, content_type, status, kind = REJECTED_BODIES[i]
             mixed.append((body, content_type, (status, kind)))
 
-    before = _batching_counters(torchserve)
+    before = _batching_counters(torchserve.metrics_text())
     with ThreadPoolExecutor(max_workers=24) as pool:
         responses = list(pool.map(lambda r: torchserve.predict(tiny_model, r[0], r[1]), mixed))
-    after = _batching_counters(torchserve)
+    after = _batching_counters(metrics_once(torchserve, "bert_items_total", before["items"] + len(mixed)))
 
-    answers = {}
     for (_, _, expected), response in zip(mixed, responses):
         body = response.json()
         if isinstance(expected, tuple):
@@ -68,34 +63,22 @@ def test_concurrent_mixed_requests_each_get_their_own_answer(torchserve, tiny_mo
             assert body["code"] == expected[0] and body["message"]
         else:
             assert response.status_code == 200, body
-            answers[expected] = body
-
-    # Each concurrent answer equals the answer for the same text sent alone.
-    for index, text in enumerate(valid):
-        alone = torchserve.predict(tiny_model, text).json()
-        assert answers[index]["label"] == alone["label"]
-        assert answers[index]["score"] == pytest.approx(alone["score"], abs=1e-4)
+            assert_same_answer(body, alone[expected])
 
     items = after["items"] - before["items"]
     batches = after["batches"] - before["batches"]
     assert items == len(mixed)
     assert items / batches > 1, f"no batching: {items} items in {batches} batches"
-    assert after["rejected"] - before["rejected"] == len(invalid)
+    assert after["rejected"] - before["rejected"] == len(REJECTED_BODIES)
 
 
 def test_each_error_code_over_http(torchserve, tiny_model):
-    cases = [
-        (b"", TEXT, 400, "EmptyText"),
-        (b'{"text": ["a"]}', JSON, 400, "WrongType"),
-        (b"\xff", TEXT, 400, "InvalidUTF8"),
-        (b'"string"', JSON, 400, "NotAnObject"),
-        (b"z" * (64 * 1024 + 1), TEXT, 413, "PayloadTooLarge"),
-    ]
-    for body, content_type, status, kind in cases:
-        response = torchserve.predict(tiny_model, body, content_type)
-        assert response.status_code == status
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        responses = list(pool.map(lambda case: torchserve.predict(tiny_model, case[0], case[1]), REJECTED_BODIES))
+    for (_, _, status, kind), response in zip(REJECTED_BODIES, responses):
+        assert (response.status_code, response.json()["type"]) == (status, kind), response.text
         assert response.headers["content-type"].startswith("application/json")
-        assert response.json()["type"] == kind
+        assert response.json()["code"] == status and response.json()["message"]
 
 
 def test_success_response_shape(torchserve, tiny_model):
@@ -103,6 +86,9 @@ def test_success_response_shape(torchserve, tiny_model):
     assert response.status_code == 200
     body = response.json()
     assert set(body) == {"label", "score", "scores", "truncated"}
+    assert set(body["scores"]) == {"negative", "positive"}
+    assert body["score"] == body["scores"][body["label"]] == max(body["scores"].values())
+    assert sum(body["scores"].values()) == pytest.approx(1.0, abs=1e-6)
     assert body["truncated"] is False
     long = torchserve.predict(tiny_model, "long " * 2000)
     assert long.status_code == 200 and long.json()["truncated"] is True
@@ -140,25 +126,31 @@ def test_calls_without_the_right_key_are_refused(torchserve, tiny_model):
     assert requests.get(management, headers=torchserve.auth("management"), timeout=10).status_code == 200
 
 
-def test_handler_metrics_are_on_the_prometheus_endpoint(torchserve, tiny_model):
-    torchserve.predict(tiny_model, "make sure at least one batch ran")
-    torchserve.predict(tiny_model, "")
-    text = torchserve.metrics_text()
-    for name in (
-        "bert_batches_total",
-        "bert_items_total",
-        "bert_forward_passes_total",
-        "bert_real_tokens_total",
-        "bert_padded_tokens_total",
-        "bert_last_batch_size",
-    ):
-        assert metric_value(text, name, ModelName=tiny_model) > 0, name
-    assert metric_value(text, "bert_rejected_items_total", ModelName=tiny_model, Reason="EmptyText") >= 1
+def test_handler_metrics_count_exactly_what_happened(torchserve, tiny_model, loaded_handler):
+    texts = ["one batch with one text", "and a second one, a little longer than the first"]
+    tokens = sum(len(loaded_handler.served.tokenizer(text)["input_ids"]) for text in texts)
+    before = torchserve.metrics_text()
+    # One request at a time: each is a batch of one, run alone in its own forward pass.
+    assert [torchserve.predict(tiny_model, text).status_code for text in texts] == [200, 200]
+    assert torchserve.predict(tiny_model, "").status_code == 400
+    after = metrics_once(torchserve, "bert_items_total", metric_value(before, "bert_items_total", ModelName="tiny") + 3)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric_value(after, name, ModelName=tiny_model, **labels) - metric_value(
+            before, name, ModelName=tiny_model, **labels
+        )
+
+    assert delta("bert_batches_total") == 3
+    assert delta("bert_items_total") == 3
+    assert metric_value(after, "bert_last_batch_size", ModelName=tiny_model) == 1
+    assert delta("bert_forward_passes_total") == 2  # the rejected item never reaches the model
+    assert delta("bert_real_tokens_total") == tokens
+    assert delta("bert_padded_tokens_total") == tokens  # one text per pass: nothing to pad
+    assert delta("bert_rejected_items_total", Reason="EmptyText") == 1
+    assert delta("bert_rejected_items_total") == 1
     for stage in ("validation", "tokenization", "forward", "response"):
-        assert metric_value(text, "bert_stage_milliseconds_total", ModelName=tiny_model, Stage=stage) > 0
-    assert metric_value(text, "bert_padded_tokens_total", ModelName=tiny_model) >= metric_value(
-        text, "bert_real_tokens_total", ModelName=tiny_model
-    )
+        assert delta("bert_stage_milliseconds_total", Stage=stage) > 0, stage
+    assert metric_value(after, "HandlerTime", ModelName=tiny_model) > 0
 
 
 def test_demo_model_labels_reviews_it_has_never_seen(torchserve, demo_checkpoint, make_archive):
@@ -180,8 +172,18 @@ def test_demo_model_labels_reviews_it_has_never_seen(torchserve, demo_checkpoint
         torchserve.unregister("bert")
 
 
-def _batching_counters(torchserve) -> dict[str, float]:
-    text = torchserve.metrics_text()
+def metrics_once(torchserve, name: str, at_least: float, timeout: float = 10.0) -> str:
+    """/metrics once `name` (for the tiny model) has reached `at_least`: the frontend reads the
+    worker's metric lines from its log stream, so they may land just after the response."""
+    deadline = time.monotonic() + timeout
+    while (text := torchserve.metrics_text()) and time.monotonic() < deadline:
+        if metric_value(text, name, ModelName="tiny") >= at_least:
+            break
+        time.sleep(0.1)
+    return text
+
+
+def _batching_counters(text: str) -> dict[str, float]:
     return {
         "items": metric_value(text, "bert_items_total", ModelName="tiny"),
         "batches": metric_value(text, "bert_batches_total", ModelName="tiny"),

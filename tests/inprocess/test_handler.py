@@ -7,11 +7,10 @@ import logging
 
 import pytest
 
-from tests.support import statuses
-from tooling.inprocess import make_context, set_batch
-
-TEXT = "text/plain"
-JSON = "application/json"
+from tests.answers import assert_same_answer
+from tests.rejection_cases import REJECTED_BODIES
+from tests.support import JSON, TEXT, expected_alone, statuses
+from tooling.inprocess import load_handler, make_context, set_batch
 
 
 def run(handler, context, items):
@@ -26,40 +25,29 @@ def context(unpacked_model_dir):
     return make_context(unpacked_model_dir)
 
 
-def test_mixed_batch_answers_every_item_by_index(loaded_handler, context):
-    items = [
-        (b"a lovely day at the beach", TEXT),
-        (b"", TEXT),
-        (b'{"text": "json works too", "lang": "en"}', JSON),
-        (b'{"nope": "no text"}', JSON),
-        (b"\xff\xfe", TEXT),
-        (b'{"text": 7}', JSON),
-        (b"[1, 2", JSON),
-        (b"[1, 2]", JSON),
-        (b"x" * (64 * 1024 + 1), TEXT),
-        ("the last valid item 😀".encode(), TEXT),
-    ]
+def test_mixed_batch_answers_every_item_by_index(loaded_handler, unpacked_model_dir, context):
+    # Every rejection case of the shared table, each between two valid texts, all in one batch.
+    valid = [f"valid review {i}: " + "quite nice " * (i % 5) for i in range(len(REJECTED_BODIES) + 1)]
+    items, expected = [], []
+    for i, text in enumerate(valid):
+        body, content_type = (json.dumps({"text": text}).encode(), JSON) if i % 2 else (text.encode(), TEXT)
+        items.append((body, content_type))
+        expected.append(text)
+        if i < len(REJECTED_BODIES):
+            body, content_type, status, kind = REJECTED_BODIES[i]
+            items.append((body, content_type))
+            expected.append((status, kind))
     bodies, codes = run(loaded_handler, context, items)
-    assert codes == [200, 400, 200, 400, 400, 400, 400, 400, 413, 200]
-    expected_types = {
-        1: "EmptyText",
-        3: "MissingField",
-        4: "InvalidUTF8",
-        5: "WrongType",
-        6: "MalformedJSON",
-        7: "NotAnObject",
-        8: "PayloadTooLarge",
-    }
-    for index, kind in expected_types.items():
-        assert bodies[index]["type"] == kind
-        assert bodies[index]["code"] == codes[index]
-    for index in (0, 2, 9):
-        body = bodies[index]
-        assert body["label"] in ("negative", "positive")
-        assert set(body["scores"]) == {"negative", "positive"}
-        assert body["score"] == pytest.approx(max(body["scores"].values()))
-        assert sum(body["scores"].values()) == pytest.approx(1.0, abs=1e-5)
-        assert body["truncated"] is False
+    alone = dict(zip(valid, expected_alone(loaded_handler, unpacked_model_dir, valid)))
+    for index, (want, body, code) in enumerate(zip(expected, bodies, codes)):
+        if isinstance(want, tuple):
+            assert (code, body["type"]) == want, (index, body)
+            assert body["code"] == code and body["message"]
+        else:
+            assert code == 200, (index, body)
+            assert_same_answer(body, alone[want])
+            assert sum(body["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+            assert body["score"] == max(body["scores"].values())
 
 
 def test_results_keep_request_order_and_batched_equals_single(loaded_handler, unpacked_model_dir):
@@ -103,11 +91,8 @@ def test_text_at_exactly_the_token_limit_is_not_truncated(loaded_handler, contex
 
 
 def test_reject_policy_answers_422_for_overlong_text(unpacked_model_dir):
-    from handlers.bert_handler import BertSequenceClassifierHandler
-
     options = {"overlength": "reject", "max_length": 16, "warmup": False}
-    handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(unpacked_model_dir, options))
+    handler = load_handler(unpacked_model_dir, options)
     context = make_context(unpacked_model_dir, options)
     bodies, codes = run(
         handler, context, [(b"one two three four five six seven eight nine ten " * 3, TEXT), (b"fits easily", TEXT)]
@@ -117,10 +102,7 @@ def test_reject_policy_answers_422_for_overlong_text(unpacked_model_dir):
 
 
 def test_max_length_is_clipped_to_the_model_maximum(unpacked_model_dir):
-    from handlers.bert_handler import BertSequenceClassifierHandler
-
-    handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(unpacked_model_dir, {"max_length": 100_000, "warmup": False}))
+    handler = load_handler(unpacked_model_dir, {"max_length": 100_000, "warmup": False})
     assert handler.served.max_length == 512
 
 
@@ -141,8 +123,25 @@ def test_handler_metrics_are_emitted_through_torchserve(loaded_handler, context,
     assert "[METRICS]bert_items_total.Count:3|" in emitted
     assert "[METRICS]bert_last_batch_size.Count:3|" in emitted
     assert "bert_rejected_items_total.Count:1|#ModelName:tiny,Level:Model,Reason:EmptyText" in emitted
+    assert "[METRICS]bert_forward_passes_total.Count:1|" in emitted
+    assert "[METRICS]HandlerTime.Milliseconds:" in emitted  # TorchServe's own, which BaseHandler.handle would emit
     for stage in ("validation", "tokenization", "forward", "response"):
         assert f"Stage:{stage}" in emitted
+
+
+def test_the_handler_emits_only_metrics_that_metrics_yaml_declares(unpacked_model_dir):
+    from handlers.bert_handler import BertSequenceClassifierHandler
+
+    # TorchServe's metrics cache adds an undeclared metric on first use; the frontend then drops
+    # it from /metrics without a word. So after real traffic the cache must hold nothing new.
+    # One context for initialize() and handle(), as in TorchServe's worker: the handler keeps its cache.
+    context = make_context(unpacked_model_dir, {"warmup": False})
+    handler = BertSequenceClassifierHandler()
+    handler.initialize(context)
+    declared = set(context.metrics.cache_keys())
+    items = [(b"fine", TEXT), (b"", TEXT), (b'{"txt": 1}', JSON), (("long " * 400).encode(), TEXT)]
+    run(handler, context, items)
+    assert set(context.metrics.cache_keys()) == declared
 
 
 def test_handle_never_raises_and_fills_every_slot(loaded_handler, context, monkeypatch):
@@ -166,26 +165,33 @@ def test_odd_items_from_the_frontend_are_answered(loaded_handler, context):
     assert json.loads(out[1])["type"] == "EmptyText"
 
 
-def test_fault_in_forward_pass_fails_only_the_culprit(unpacked_model_dir):
-    from handlers.bert_handler import BertSequenceClassifierHandler
-
-    options = {"fault_marker": "POISON", "warmup": False}
-    handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(unpacked_model_dir, options))
-    context = make_context(unpacked_model_dir, options)
-    items = [(f"item {i}".encode(), TEXT) for i in range(7)]
-    items[4] = (b"item POISON", TEXT)
-    bodies, codes = run(handler, context, items)
-    assert codes == [200, 200, 200, 200, 500, 200, 200]
-    assert bodies[4]["type"] == "InferenceFailed"
+@pytest.mark.parametrize(
+    ("fault_kind", "status", "kind"), [("error", 500, "InferenceFailed"), ("oom", 507, "OutOfMemory")]
+)
+def test_a_failing_forward_pass_fails_only_the_culprit(
+    loaded_handler, unpacked_model_dir, caplog, fault_kind, status, kind
+):
+    # fault_kind "oom" raises MemoryError in the forward pass, as an exhausted allocator would.
+    options = {"fault_marker": "POISON", "fault_kind": fault_kind, "warmup": False}
+    handler = load_handler(unpacked_model_dir, options)
+    texts = [f"item {i} of a mixed batch" + " and more" * i for i in range(7)]
+    texts[4] = "item POISON"
+    caplog.set_level(logging.WARNING, logger="handlers")
+    bodies, codes = run(handler, make_context(unpacked_model_dir, options), [(t.encode(), TEXT) for t in texts])
+    assert codes == [200, 200, 200, 200, status, 200, 200]
+    assert bodies[4] == {"code": status, "type": kind, "message": bodies[4]["message"]}
+    [failure] = [r.getMessage() for r in caplog.records if "forward pass failed" in r.getMessage()]
+    assert "a group of 7 items" in failure
+    assert ("out of memory" in failure) == (fault_kind == "oom")
+    # The neighbours shared the failing pass, and still get exactly their answer alone.
+    alone = expected_alone(loaded_handler, unpacked_model_dir, texts)
+    for index in (0, 1, 2, 3, 5, 6):
+        assert_same_answer(bodies[index], alone[index])
 
 
 def test_forward_failure_is_logged_once_with_the_batch_shape(unpacked_model_dir, caplog):
-    from handlers.bert_handler import BertSequenceClassifierHandler
-
     options = {"fault_marker": "POISON", "warmup": False}
-    handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(unpacked_model_dir, options))
+    handler = load_handler(unpacked_model_dir, options)
     context = make_context(unpacked_model_dir, options)
     caplog.set_level(logging.INFO)
     run(handler, context, [(b"fine one", TEXT), (b"POISON here", TEXT), (b"fine two", TEXT), (b"fine 3", TEXT)])
