@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import SHARED_MODEL
 from tooling.inprocess import load_handler, unpacked_layout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -82,3 +83,16 @@ def torchserve(model_store, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+# The tiny model registered once for every end-to-end module that needs no handler options of
+# its own; each module that needs other options or batching registers its own archive.
+
+
+@pytest.fixture(scope="session")
+def shared_model(torchserve, tiny_checkpoint, make_archive) -> str:
+    archive = make_archive(tiny_checkpoint, SHARED_MODEL)
+    # A short delay still forms batches under the concurrent tests' 16-30 clients.
+    response = torchserve.register(archive, batch_size=8, max_batch_delay=20)
+    assert response.status_code == 200, response.text
+    return SHARED_MODEL

@@ -9,6 +9,8 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 TEXT = "text/plain"
 JSON = "application/json"
+# The tiny model conftest.py's `shared_model` fixture registers once per session.
+SHARED_MODEL = "tiny-shared"
 
 
 def unseen_reviews() -> list[tuple[str, str]]:

@@ -17,11 +17,12 @@ import pytest
 from google.protobuf import empty_pb2
 
 from tests.grpc_client import compile_protos
+from tests.support import SHARED_MODEL
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "grpc-tiny"
+MODEL = SHARED_MODEL
 LIMIT = 64 * 1024  # the handler's default max_bytes
 
 
@@ -31,12 +32,8 @@ def protos(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def model(torchserve, tiny_checkpoint, make_archive):
-    archive = make_archive(tiny_checkpoint, MODEL)
-    response = torchserve.register(archive, batch_size=8, max_batch_delay=50)
-    assert response.status_code == 200, response.text
-    yield MODEL
-    torchserve.unregister(MODEL)
+def model(shared_model):
+    return shared_model
 
 
 @pytest.fixture(scope="module")

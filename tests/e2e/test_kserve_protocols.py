@@ -21,18 +21,11 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module", params=["registered", "kserve-config"])
-def served(request, torchserve, tiny_checkpoint, make_archive):
+def served(request, torchserve):
     """(server, model name) for each way of running the model."""
     if request.param == "kserve-config":
-        yield request.getfixturevalue("kserve_config_server")
-        return
-    name = "tiny-kserve"
-    archive = make_archive(tiny_checkpoint, name)
-    # A generous delay makes batches of several requests form under the concurrent test.
-    response = torchserve.register(archive, batch_size=8, max_batch_delay=100)
-    assert response.status_code == 200, response.text
-    yield torchserve, name
-    torchserve.unregister(name)
+        return request.getfixturevalue("kserve_config_server")
+    return torchserve, request.getfixturevalue("shared_model")
 
 
 def post(server, path: str, body) -> tuple[int, dict]:

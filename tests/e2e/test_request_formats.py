@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.support import SHARED_MODEL
+
 pytestmark = pytest.mark.e2e
 
-MODEL = "formats"
+MODEL = SHARED_MODEL
 TEXT = "text/plain"
 JSON = "application/json"
 URLENCODED = "application/x-www-form-urlencoded"
@@ -30,12 +32,8 @@ SHORT = "The room was great, loved it."
 
 
 @pytest.fixture(scope="module")
-def model(torchserve, tiny_checkpoint, make_archive):
-    archive = make_archive(tiny_checkpoint, MODEL)
-    response = torchserve.register(archive, batch_size=8, max_batch_delay=20)
-    assert response.status_code == 200, response.text
-    yield MODEL
-    torchserve.unregister(MODEL)
+def model(shared_model):
+    return shared_model
 
 
 @pytest.fixture(scope="module")
