@@ -50,12 +50,12 @@ def load_model(model_dir: Path, options: HandlerOptions, gpu_id: int | None) -> 
         from handlers.onnx_forward import load_onnx_forward
 
         # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
-        options = options.for_device("cuda" if gpu_id is not None else "cpu")
+        options = options.for_device("cuda" if gpu_id is not None else "cpu", backend)
         forward = load_onnx_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
     else:
         from handlers.torch_forward import load_torch_forward, select_device
 
-        options = options.for_device(select_device(gpu_id).type)
+        options = options.for_device(select_device(gpu_id).type, backend)
         forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
     return LoadedModel(
         tokenizer=tokenizer,

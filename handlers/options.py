@@ -28,9 +28,10 @@ class HandlerOptions:
     # What to do with texts over max_length: "truncate" (200, truncated=true) or "reject" (422).
     overlength: str = "truncate"
     # Padded-token budget of one forward pass; a batch over it is split into
-    # length-sorted micro-batches. 0 = auto: 256 on CPU, where compute grows with every
-    # padded token (measured best in docs/benchmarks.md), 8192 on CUDA, where a padded
-    # batch runs in parallel and each extra pass costs kernel launches.
+    # length-sorted micro-batches. 0 = auto: on CPU 256 with PyTorch and 64 with ONNX
+    # Runtime, where compute grows with every padded token and ONNX Runtime's cost per
+    # pass is small (both measured best in docs/benchmarks.md); 8192 on CUDA, where a
+    # padded batch runs in parallel and each extra pass costs kernel launches.
     max_batch_tokens: int = 0
     # Pad sequence length up to a multiple of this. 0 = auto: 8 on CUDA (tensor cores),
     # 1 on CPU (where padding is pure extra work).
@@ -42,11 +43,12 @@ class HandlerOptions:
     cpu_threads: int = 0
     # ONNX Runtime only (archives holding model.onnx). Inter-op threads: 1 runs the graph's
     # nodes one after another (sequential mode); more runs independent branches in parallel.
-    # BERT's graph is a chain, and on this 2-core machine 2 was no faster (docs/benchmarks.md).
+    # BERT's graph is a chain: 2 made the demo model 29 % slower on 2 cores (docs/benchmarks.md).
     onnx_inter_op_threads: int = 1
-    # ONNX Runtime only: let idle intra-op threads spin-wait for the next op instead of
-    # sleeping. Off by default: on a CPU shared with TorchServe's frontend, spinning takes
-    # cycles from it (measured in docs/benchmarks.md).
+    # ONNX Runtime only: let idle intra-op threads spin-wait for the next op instead of sleeping.
+    # Off by default: spinning burns CPU that the frontend, other workers or a container's CPU
+    # quota need. On an otherwise idle 2-core machine it gave one 2-thread worker 6-19 % more;
+    # with one thread per worker (the faster layout measured) it changes nothing.
     onnx_spinning: bool = False
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
@@ -98,11 +100,13 @@ class HandlerOptions:
         if self.cpu_threads < 0 or self.fault_delay_s < 0:
             raise ValueError("cpu_threads and fault_delay_s must not be negative")
 
-    def for_device(self, device_type: str) -> HandlerOptions:
-        """These options with every "auto" (0) resolved for a device type ("cpu", "cuda", ...)."""
+    def for_device(self, device_type: str, backend: str = "pytorch") -> HandlerOptions:
+        """These options with every "auto" (0) resolved for a device type ("cpu", "cuda", ...) and a
+        backend ("pytorch" or "onnxruntime", as handlers/loading.py names them)."""
         cuda = device_type == "cuda"
+        cpu_tokens = 64 if backend == "onnxruntime" else 256
         return replace(
             self,
-            max_batch_tokens=self.max_batch_tokens or (8192 if cuda else 256),
+            max_batch_tokens=self.max_batch_tokens or (8192 if cuda else cpu_tokens),
             pad_to_multiple_of=self.pad_to_multiple_of or (8 if cuda else 1),
         )

@@ -4,12 +4,15 @@
 #   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8)
 #   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2, see docs/benchmarks.md)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
+#   WORKERS          worker processes                              (default: one per core; the demo
+#                    archive runs one thread per worker, measured fastest on CPU in docs/benchmarks.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BATCH_SIZE=${BATCH_SIZE:-8}
 MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2}
 MODEL_NAME=${MODEL_NAME:-bert}
+WORKERS=${WORKERS:-$(nproc)}
 
 scripts/setup.sh
 source scripts/runtime_env.sh
@@ -31,9 +34,9 @@ IKEY=$(key inference)
 if curl -fsS -o /dev/null -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
-  echo "==> registering $MODEL_NAME.mar: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms"
+  echo "==> registering $MODEL_NAME.mar: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
   curl -fsS -X POST -H "Authorization: Bearer $MKEY" \
-    "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=1&synchronous=true"
+    "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true"
   echo
 fi
 

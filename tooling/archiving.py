@@ -2,7 +2,10 @@
 
 The archive holds the checkpoint under model/, the handlers package as it is in
 this repository (the code the tests import), and model-config.yaml whose
-`handler:` section holds the handler options.
+`handler:` section holds the handler options. Two backends: "pytorch" packs the
+checkpoint as it is; "onnx" packs model.onnx (exported and checked against PyTorch
+by tooling/onnx_export.py, optionally int8) with the tokenizer and config.json and
+no PyTorch weights, and the handler serves it with ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from handlers.loading import ONNX_FILE
 from tooling.paths import HANDLERS, MODEL_CONFIG, MODEL_STORE
 
 DEFAULT_CONFIG = MODEL_CONFIG
+BACKENDS = ("pytorch", "onnx")
 WEIGHT_FILES = (
     "model.safetensors",
     "pytorch_model.bin",
@@ -25,11 +30,13 @@ WEIGHT_FILES = (
 )
 
 
-def write_model_config(path: Path, model_config: dict | None = None, **handler_options) -> Path:
-    """The repository's model-config.yaml with some settings changed, written to `path`."""
+def write_model_config(
+    path: Path, model_config: dict | None = None, base: Path = DEFAULT_CONFIG, **handler_options
+) -> Path:
+    """A model-config.yaml (the repository's, or `base`) with some settings changed, written to `path`."""
     import yaml
 
-    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config = yaml.safe_load(Path(base).read_text())
     config.update(model_config or {})
     config["handler"].update(handler_options)
     path.write_text(yaml.safe_dump(config))
@@ -68,13 +75,42 @@ def build_archive(
     export_path: Path = MODEL_STORE,
     config_file: Path = DEFAULT_CONFIG,
     version: str = "1.0",
+    backend: str = "pytorch",
+    quantize: str | None = None,
+    min_agreement: float | None = None,
+    eval_tsv: Path | None = None,
 ) -> Path:
+    """Write <export_path>/<name>.mar; the onnx backend exports first and raises (tooling.onnx_export's
+    ExportFailed, ParityError, AgreementTooLow) before anything is written if the checks fail."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "onnx" and (quantize or min_agreement is not None or eval_tsv is not None):
+        raise ValueError("quantize, min_agreement and eval_tsv apply to the onnx backend only")
     checkpoint = checkpoint.resolve()
     check_checkpoint(checkpoint)
+    if backend == "pytorch":
+        return pack_archive(checkpoint, name, export_path, config_file, version)
+    from tooling.onnx_export import DEFAULT_MIN_AGREEMENT, export_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="onnx-checkpoint-") as tmp:
+        exported = Path(tmp) / "model"
+        agreement = DEFAULT_MIN_AGREEMENT if min_agreement is None else min_agreement
+        export_checkpoint(checkpoint, exported, quantize, eval_tsv, agreement)
+        return pack_archive(exported, name, export_path, config_file, version)
+
+
+def pack_archive(
+    model_dir: Path,
+    name: str = "bert",
+    export_path: Path = MODEL_STORE,
+    config_file: Path = DEFAULT_CONFIG,
+    version: str = "1.0",
+) -> Path:
+    """Pack a ready folder (a checkpoint, or an ONNX checkpoint from tooling.onnx_export) as the archive's model/."""
     export_path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mar-staging-") as tmp:
         staging = Path(tmp)
-        stage(checkpoint, staging / "content")
+        stage(Path(model_dir), staging / "content")
         command = [
             str(Path(sys.executable).with_name("torch-model-archiver")),
             "--model-name", name,
@@ -91,5 +127,6 @@ def build_archive(
         (staging / "archiver-tmp").mkdir()
         subprocess.run(command, check=True, env=env)
     archive = export_path / f"{name}.mar"
-    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
+    backend = "onnx" if (Path(model_dir) / ONNX_FILE).is_file() else "pytorch"
+    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.1f} MB, {backend})")
     return archive

@@ -1,0 +1,72 @@
+"""The backends the benchmark compares, each a model folder the handler can load: exported once per run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from handlers.loading import backend_of
+from handlers.options import HandlerOptions
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    onnx: bool
+    quantize: str | None = None
+
+
+BACKENDS = {
+    backend.name: backend
+    for backend in (Backend("pytorch", onnx=False), Backend("onnx-fp32", onnx=True), Backend("onnx-int8", True, "int8"))
+}
+
+
+@dataclass(frozen=True)
+class PreparedBackend:
+    backend: Backend
+    model_dir: Path  # the checkpoint itself, or the exported ONNX folder (model.onnx + tokenizer + config.json)
+    export: dict | None  # what tooling.onnx_export measured against PyTorch
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def options(self, handler_options: dict) -> HandlerOptions:
+        """The handler options as the handler resolves them on a CPU for this backend's archive."""
+        return HandlerOptions.from_mapping(handler_options).for_device("cpu", backend_of(self.model_dir))
+
+
+def parse_backends(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"unknown backend(s) {unknown}; expected a comma-separated list of {list(BACKENDS)}")
+    return names
+
+
+def prepare_backends(
+    names: Sequence[str], checkpoint: Path, workdir: Path, progress: Callable[[str], None]
+) -> list[PreparedBackend]:
+    """The checkpoint for PyTorch; an exported folder for each ONNX backend.
+
+    The int8 export is never refused here (minimum agreement 0): the benchmark measures
+    speed, and reports the agreement and accuracy the export measured beside it.
+    """
+    from tooling.onnx_export import export_checkpoint
+
+    prepared = []
+    export_cache = Path(workdir) / "backends" / "exported.onnx"  # one export for fp32 and int8
+    export_cache.parent.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        backend = BACKENDS[name]
+        if not backend.onnx:
+            prepared.append(PreparedBackend(backend, Path(checkpoint), None))
+            continue
+        out = Path(workdir) / "backends" / name
+        record = export_checkpoint(
+            checkpoint, out, backend.quantize, min_agreement=0.0, progress=progress, export_cache=export_cache
+        )
+        prepared.append(PreparedBackend(backend, out, asdict(record) | {"summary": record.summary}))
+    return prepared

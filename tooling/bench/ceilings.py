@@ -1,0 +1,195 @@
+"""In-process ceilings over the benchmark's texts, no server: what the model and the handler can do alone.
+
+plain loop   tokenize, pad to the longest, forward, softmax: the Hugging Face loop for PyTorch, the same
+             loop around the ONNX Runtime session for the ONNX backends. No validation, no planning.
+handler      this project's handler through TorchServe's own Context (tooling.inprocess), at batch B, with
+             pad-to-longest (an unlimited token budget) and with length-aware micro-batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from handlers.options import HandlerOptions
+from tooling.bench.backends import PreparedBackend
+from tooling.bench.loadgen import percentile_ms
+
+WARM_UP_TEXTS = 16
+# A token budget no batch reaches: every batch is one forward pass padded to its longest text.
+UNLIMITED_TOKENS = 10**9
+
+
+def _forward_for(prepared: PreparedBackend, options: HandlerOptions, tokenizer, token_limit: int):
+    """The backend's forward pass exactly as the handler loads it (handlers/*_forward.py)."""
+    pad = tokenizer.pad_token_id or 0
+    if prepared.backend.onnx:
+        from handlers.onnx_forward import load_onnx_forward
+
+        return load_onnx_forward(prepared.model_dir, options, None, pad, token_limit)
+    from handlers.torch_forward import load_torch_forward
+
+    return load_torch_forward(prepared.model_dir, options, None, pad, token_limit)
+
+
+def _tokenizer_and_limit(model_dir: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from handlers.tokenization import model_token_limit
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    return tokenizer, model_token_limit(tokenizer, config)
+
+
+def plain_loop(prepared: PreparedBackend, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
+    """Tokenize each chunk padded to its longest text, run it, take the softmax; texts/s and time per batch."""
+    tokenizer, token_limit = _tokenizer_and_limit(prepared.model_dir)
+    max_length = min(options.max_length, token_limit)
+    if prepared.backend.onnx:
+        forward = _forward_for(prepared, options, tokenizer, token_limit)
+        session = forward.session
+        inputs = {i.name for i in session.get_inputs()}
+
+        def run(chunk: list[str]) -> None:
+            batch = tokenizer(chunk, padding="longest", truncation=True, max_length=max_length, return_tensors="np")
+            session.run(None, {name: batch[name].astype("int64") for name in inputs})
+
+    else:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        torch.set_num_threads(options.cpu_threads or len(os.sched_getaffinity(0)))
+        model = AutoModelForSequenceClassification.from_pretrained(prepared.model_dir, local_files_only=True).eval()
+
+        def run(chunk: list[str]) -> None:
+            batch = tokenizer(chunk, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
+            with torch.inference_mode():
+                model(**batch).logits.softmax(-1)
+
+    for i in range(0, WARM_UP_TEXTS, batch_size):  # first runs of each shape are slow (allocators, kernels)
+        run(list(texts[i : i + batch_size]))
+    batch_times = []
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch_size):
+        batch_started = time.perf_counter()
+        run(list(texts[i : i + batch_size]))
+        batch_times.append(time.perf_counter() - batch_started)
+    elapsed = time.perf_counter() - started
+    return {
+        "kind": "loop",
+        "batch_size": batch_size,
+        "texts_per_s": len(texts) / elapsed,
+        "ms_per_text": 1000 * elapsed / len(texts),
+        "p50_ms_per_batch": percentile_ms(batch_times, 50),
+    }
+
+
+def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
+    """Padding waste and passes of the plan the handler makes, from the handler's own planning functions."""
+    from handlers.batching import padded_tokens, plan_micro_batches
+    from handlers.tokenization import encode
+
+    tokenizer, token_limit = _tokenizer_and_limit(model_dir)
+    max_length = min(options.max_length, token_limit)
+    real = padded = passes = batches = 0
+    for i in range(0, len(texts), batch_size):
+        lengths = [e.length for e in encode(tokenizer, list(texts[i : i + batch_size]), max_length)]
+        groups = plan_micro_batches(lengths, options.max_batch_tokens, options.pad_to_multiple_of)
+        passes += len(groups)
+        batches += 1
+        real += sum(lengths)
+        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, token_limit)
+    return {"padding_waste": padded / real, "forward_passes_per_batch": passes / batches}
+
+
+def handler_ceiling(prepared: PreparedBackend, texts: Sequence[str], batch_size: int, handler_options: dict) -> dict:
+    """The handler in-process at batch B: decoding, validation, tokenization, planning, forward, JSON."""
+    from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
+
+    batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+    with tempfile.TemporaryDirectory(prefix="bench-unpacked-") as tmp:
+        model_dir = unpacked_layout(prepared.model_dir, Path(tmp))
+        handler = load_handler(model_dir, handler_options)
+        context = make_context(model_dir, handler_options)
+        for batch in batches[: max(1, WARM_UP_TEXTS // batch_size)]:  # warm-up
+            handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in batch]), context)
+        started = time.perf_counter()
+        for batch in batches:
+            handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in batch]), context)
+        elapsed = time.perf_counter() - started
+        del handler
+    gc.collect()
+    options = prepared.options(handler_options)
+    return {
+        "kind": "handler",
+        "batch_size": batch_size,
+        "max_batch_tokens": options.max_batch_tokens,
+        "planning": "pad_to_longest" if options.max_batch_tokens >= UNLIMITED_TOKENS else "length_aware",
+        "texts_per_s": len(texts) / elapsed,
+        **plan_statistics(prepared.model_dir, texts, batch_size, options),
+    }
+
+
+def ceilings(
+    backends: Sequence[PreparedBackend],
+    texts: Sequence[str],
+    batch_size: int,
+    handler_options: dict,
+    progress: Callable[[str], None],
+) -> list[dict]:
+    """For each backend: the plain loop at batch 1 and B, the handler at batch B without and with planning
+    (its max_batch_tokens as the handler resolves it for that backend)."""
+    rows = []
+    for prepared in backends:
+        options = prepared.options(handler_options)
+        for b in dict.fromkeys((1, batch_size)):
+            row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options)}
+            rows.append(row)
+            progress(f"ceiling {prepared.name}: plain loop, batch {b}: {row['texts_per_s']:.1f} texts/s")
+        for budget in (UNLIMITED_TOKENS, options.max_batch_tokens):
+            row = {
+                "backend": prepared.name,
+                **handler_ceiling(prepared, texts, batch_size, {**handler_options, "max_batch_tokens": budget}),
+            }
+            rows.append(row)
+            progress(
+                f"ceiling {prepared.name}: handler, batch {batch_size}, {row['planning']} (max_batch_tokens "
+                f"{budget}): {row['texts_per_s']:.1f} texts/s, padded/real tokens {row['padding_waste']:.2f}"
+            )
+        gc.collect()
+    return rows
+
+
+def sweep_max_batch_tokens(
+    prepared: PreparedBackend, texts: Sequence[str], batch_size: int, handler_options: dict, budgets: Sequence[int]
+) -> list[dict]:
+    """The handler ceiling at each token budget: the measurement behind the max_batch_tokens default."""
+    rows = []
+    for budget in budgets:
+        options = {**handler_options, "max_batch_tokens": budget}
+        rows.append({"backend": prepared.name, **handler_ceiling(prepared, texts, batch_size, options)})
+    return rows
+
+
+def worst_batch_seconds(
+    prepared: PreparedBackend, batch_size: int, tokens: int, options: HandlerOptions, repeats: int = 3
+) -> list[float]:
+    """Forward time of a full batch at the token cap through the backend's forward pass: what responseTimeout covers."""
+    from handlers.tokenization import encode
+
+    tokenizer, token_limit = _tokenizer_and_limit(prepared.model_dir)
+    forward = _forward_for(prepared, options, tokenizer, token_limit)
+    # Compute does not depend on which tokens: one text cut at the cap, batch_size times.
+    batch = encode(tokenizer, ["review " * (2 * tokens)] * batch_size, min(tokens, token_limit))
+    forward(batch)  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        forward(batch)
+        times.append(time.perf_counter() - started)
+    return times

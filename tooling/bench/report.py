@@ -1,0 +1,93 @@
+"""The machine a run was measured on, and the run's markdown tables."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{len(os.sched_getaffinity(0))} cores, {cpu}, Python {platform.python_version()}"
+
+
+def _f(value, digits: int = 1) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def served_table(cells: list[Mapping]) -> list[str]:
+    lines = [
+        "| backend | workers x threads | configuration | clients | req/s | p50 ms | p95 ms | p99 ms | errors "
+        "| mean batch | frontend queue ms | worker ms | handler ms/batch | tokenization ms/batch | forward ms/batch "
+        "| padded/real | client CPU |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c['backend']} | {c['layout']} | {c['config']} | {c['concurrency']} | {_f(c['rps'])} | "
+            f"{_f(c['p50_ms'])} | {_f(c['p95_ms'])} | {_f(c['p99_ms'])} | {c['errors']} | "
+            f"{_f(c['mean_batch_size'], 2)} | "
+            f"{_f(c['frontend_queue_ms'])} | {_f(c['worker_ms'])} | {_f(c['handler_ms_per_batch'])} | "
+            f"{_f(c['tokenization_ms_per_batch'])} | {_f(c['forward_ms_per_batch'])} | {_f(c['padding_waste'], 2)} | "
+            f"{100 * c['client_cpu_fraction']:.0f}% |"
+        )
+    return lines
+
+
+def ceilings_table(rows: list[Mapping]) -> list[str]:
+    lines = ["| backend | ceiling (in-process, no server) | batch | texts/s | notes |", "|---|---|---:|---:|---|"]
+    for c in rows:
+        if c["kind"] == "loop":
+            what = "plain loop, pad to longest"
+            note = f"{c['ms_per_text']:.1f} ms/text; p50 per batch {c['p50_ms_per_batch']:.1f} ms"
+        else:
+            what = f"handler, {c['planning'].replace('_', '-')} (max_batch_tokens {c['max_batch_tokens']})"
+            note = f"padded/real {c['padding_waste']:.2f}, {c['forward_passes_per_batch']:.2f} passes per batch"
+        lines.append(f"| {c['backend']} | {what} | {c['batch_size']} | {c['texts_per_s']:.1f} | {note} |")
+    return lines
+
+
+def exports_table(backends: Mapping[str, Mapping]) -> list[str]:
+    lines = ["| backend | answers against PyTorch (measured by the export) |", "|---|---|"]
+    for name, info in backends.items():
+        export = info.get("export")
+        lines.append(f"| {name} | {export['summary'] if export else 'the reference'} |")
+    return lines
+
+
+def targets_table(targets: list[Mapping]) -> list[str]:
+    lines = ["| target | measured | goal | met |", "|---|---:|---:|---|"]
+    for t in targets:
+        met = "not measured" if t["met"] is None else ("yes" if t["met"] else "NO")
+        unit = "" if t["unit"] == "x" else f" {t['unit']}"
+        lines.append(f"| {t['target']} | {_f(t['measured'], 3)}{unit} | {t['goal']:.3f}{unit} | {met} |")
+    return lines
+
+
+def markdown(report: Mapping) -> str:
+    s = report["settings"]
+    lines = [
+        f"Model: {s['model']}; backends: {', '.join(s['backends'])}; texts: {s['texts']} (mean "
+        f"{s['mean_tokens']:.0f} tokens, max {s['max_tokens']}); {s['duration']} s per cell; handler options: "
+        f"{s['handler_options'] or 'defaults'}; machine: {report['machine']}",
+        f"Command: `{report['command']}`",
+        "",
+        *exports_table(report["backends"]),
+        "",
+        *served_table(report["served"]),
+        "",
+        *ceilings_table(report["ceilings"]),
+        "",
+        *targets_table(report["targets"]),
+    ]
+    return "\n".join(lines) + "\n"

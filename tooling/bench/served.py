@@ -1,0 +1,172 @@
+"""Served cells: one private TorchServe; each backend archived once and registered at each batching setting in turn."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from tooling.bench.backends import PreparedBackend
+from tooling.bench.loadgen import closed_loop
+from tooling.bench.scrape import cell_figures, read_counters
+
+# Load before the measured cells of each registration, as a share of a cell (at most 2 s):
+# the worker's first batches of each shape are slower (allocators, ONNX Runtime's first runs).
+WARM_UP_SHARE = 0.5
+WARM_UP_MAX_S = 2.0
+WARM_UP_CLIENTS = 4
+# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
+METRICS_SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Batching:
+    batch_size: int
+    max_batch_delay_ms: int
+
+    @property
+    def label(self) -> str:
+        return f"batch_size={self.batch_size}" + (f", delay={self.max_batch_delay_ms}ms" if self.batch_size > 1 else "")
+
+
+def batching_settings(batch_size: int, delays: Sequence[int], one_at_a_time: bool = True) -> list[Batching]:
+    """batch_size=1 (one request at a time: the seed's baseline), then batch_size=B at each delay."""
+    return [*([Batching(1, 0)] if one_at_a_time else []), *(Batching(batch_size, d) for d in delays)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model's CPU is split: `workers` worker processes, each with `threads` intra-op threads (0: all cores)."""
+
+    workers: int
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.workers}x{self.threads or 'all'}"
+
+
+def parse_layouts(value: str) -> list[Layout]:
+    """'1x0,2x1' -> one worker with every core, two workers with one thread each."""
+    layouts = []
+    for item in value.split(","):
+        workers, sep, threads = item.strip().partition("x")
+        if not sep or not workers.isdigit() or not threads.isdigit() or int(workers) < 1:
+            raise ValueError(f"a layout is WORKERSxTHREADS (0 threads: every core), got {item!r}")
+        layouts.append(Layout(int(workers), int(threads)))
+    return layouts
+
+
+def describe_cell(cell: dict) -> str:
+    return (
+        f"{cell['backend']:<9} {cell['layout']:<5} {cell['config']:<24} c={cell['concurrency']:<3} "
+        f"{cell['rps']:7.1f} req/s  p50 {cell['p50_ms']:7.1f} ms  p95 {cell['p95_ms']:7.1f} ms  "
+        f"batch {cell['mean_batch_size']:.2f}  errors {cell['errors']}  client CPU "
+        f"{100 * cell['client_cpu_fraction']:.0f}% of a core"
+    )
+
+
+def measure_cell(server, model: str, texts: Sequence[str], clients: int, duration: float) -> dict:
+    """One cell of closed-loop load, with what /metrics counted during it."""
+    url = f"{server.inference_url}/predictions/{model}"
+    headers = {"Content-Type": "text/plain", **server.auth("inference")}
+    before = read_counters(server.metrics_text(), model)
+    cell = closed_loop(url, headers, texts, clients, duration)
+    time.sleep(METRICS_SETTLE_S)
+    after = read_counters(server.metrics_text(), model)
+    return {**cell, "handler_items": after["items"] - before["items"], **cell_figures(before, after)}
+
+
+@dataclass(frozen=True)
+class Registration:
+    archive: str
+    backend: str
+    layout: Layout
+    batching: Batching
+
+
+def register_all(server, models: dict[str, Registration]) -> None:
+    """Register every model at once under its own name: worker start-up is mostly single-threaded imports, so
+    starting them side by side takes about half the time; an idle worker costs no CPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def register(item: tuple[str, Registration]) -> None:
+        model, r = item
+        # The management API's model_name registers one archive under several names, one per batching setting.
+        params = {
+            "url": r.archive,
+            "model_name": model,
+            "batch_size": r.batching.batch_size,
+            "max_batch_delay": r.batching.max_batch_delay_ms,
+            "initial_workers": r.layout.workers,
+            "synchronous": "true",
+        }
+        response = requests.post(
+            f"{server.management_url}/models", params=params, headers=server.auth("management"), timeout=600
+        )
+        if response.status_code != 200:
+            raise RuntimeError(f"registering {model} failed: {response.text}")
+
+    with ThreadPoolExecutor(max_workers=len(models)) as pool:
+        list(pool.map(register, models.items()))
+
+
+def served_cells(
+    backends: Sequence[PreparedBackend],
+    texts: Sequence[str],
+    workdir: Path,
+    settings: dict[str, Sequence[Batching]],
+    concurrency: Sequence[int],
+    duration: float,
+    handler_options: dict,
+    progress: Callable[[str], None],
+    layouts: Sequence[Layout] = (Layout(1, 0),),
+) -> list[dict]:
+    """Every layout x backend x its batching settings x client count, one model measured at a time so none
+    competes; the models of one layout are registered together, then unregistered before the next layout."""
+    from tooling.archiving import pack_archive, write_model_config
+    from tooling.torchserve import TorchServe
+
+    store = Path(workdir) / "store"
+    archives = {}
+    for threads in dict.fromkeys(layout.threads for layout in layouts):
+        config = write_model_config(Path(workdir) / f"model-config-{threads}.yaml",
+                                    **{**handler_options, "cpu_threads": threads})  # fmt: skip
+        for p in backends:
+            archives[p.name, threads] = pack_archive(p.model_dir, f"bench-{p.name}-t{threads}", store, config).name
+    cells = []
+    progress(f"packed {len(archives)} archives; starting TorchServe")
+    with TorchServe(Path(workdir) / "server", store) as server:
+        for layout in layouts:
+            models = {
+                f"bench-{p.name}-{layout.label}-b{b.batch_size}-d{b.max_batch_delay_ms}": Registration(
+                    archives[p.name, layout.threads], p.name, layout, b
+                )
+                for p in backends
+                for b in settings[p.name]
+            }
+            register_all(server, models)
+            progress(f"registered {len(models)} models, {layout.workers} worker(s) each")
+            for model, r in models.items():
+                url = f"{server.inference_url}/predictions/{model}"
+                headers = {"Content-Type": "text/plain", **server.auth("inference")}
+                closed_loop(url, headers, texts, WARM_UP_CLIENTS, min(WARM_UP_MAX_S, WARM_UP_SHARE * duration))
+                time.sleep(METRICS_SETTLE_S)
+                for clients in concurrency:
+                    cell = {
+                        "backend": r.backend,
+                        "layout": layout.label,
+                        "workers": layout.workers,
+                        "cpu_threads": layout.threads,
+                        "config": r.batching.label,
+                        "batch_size": r.batching.batch_size,
+                        "max_batch_delay_ms": r.batching.max_batch_delay_ms,
+                        **measure_cell(server, model, texts, clients, duration),
+                    }
+                    cells.append(cell)
+                    progress(describe_cell(cell))
+                server.unregister(model)
+    return cells
