@@ -22,7 +22,14 @@ from pathlib import Path
 import yaml
 
 from handlers.options import HandlerOptions
-from tooling.archiving import BACKENDS, DEFAULT_CONFIG, NotACheckpoint, build_archive, write_model_config
+from tooling.archiving import (
+    BACKENDS,
+    DEFAULT_CONFIG,
+    NotACheckpoint,
+    build_archive,
+    parse_handler_option,
+    write_model_config,
+)
 from tooling.onnx_export import QUANTIZATIONS, ExportFailed
 from tooling.paths import MODEL_STORE
 
@@ -32,16 +39,6 @@ def fraction(value: str) -> float:
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"{value} is not a fraction between 0 and 1 (0.99 means 99 %)")
     return number
-
-
-def handler_option(value: str) -> tuple[str, object]:
-    """KEY=VALUE, the value read as YAML (1, true, 2.5, text) like model-config.yaml's own."""
-    import yaml
-
-    key, sep, raw = value.partition("=")
-    if not key or not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
-    return key, yaml.safe_load(raw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model-config.yaml with handler options")
     parser.add_argument(
         "--handler-option",
-        type=handler_option,
+        type=parse_handler_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",

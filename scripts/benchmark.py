@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from handlers.options import HandlerOptions
+from tooling.archiving import parse_handler_option
 from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
 from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
@@ -48,14 +49,6 @@ QUICK = {"concurrency": [1, 16], "delays": [2], "duration": 1.0, "texts": 48, "o
 
 def int_list(value: str) -> list[int]:
     return [int(x) for x in value.split(",")]
-
-
-def handler_option(value: str) -> tuple[str, object]:
-    """KEY=VALUE, the value read as YAML (so `true`, `2` and `0.5` get their types), as in model-config.yaml."""
-    key, sep, raw = value.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
-    return key.strip(), yaml.safe_load(raw)
 
 
 def resolve_model(name: str, workdir: Path) -> Path:
@@ -96,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--handler-option",
-        type=handler_option,
+        type=parse_handler_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",

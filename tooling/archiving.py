@@ -43,6 +43,19 @@ def write_model_config(
     return path
 
 
+def parse_handler_option(value: str) -> tuple[str, object]:
+    """A command line's KEY=VALUE for one handler option, the value read as YAML (so `true`, `2` and
+    `0.5` get their types) as in model-config.yaml. For argparse's `type=`: raises its ArgumentTypeError."""
+    import argparse
+
+    import yaml
+
+    key, sep, raw = value.partition("=")
+    if not key.strip() or not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key.strip(), yaml.safe_load(raw)
+
+
 class NotACheckpoint(ValueError):
     """The folder is not a loadable Hugging Face sequence-classification checkpoint."""
 
