@@ -26,8 +26,8 @@ from tooling.archiving import (
     BACKENDS,
     DEFAULT_CONFIG,
     NotACheckpoint,
+    add_handler_option_argument,
     build_archive,
-    parse_handler_option,
     write_model_config,
 )
 from tooling.onnx_export import QUANTIZATIONS, ExportFailed
@@ -50,13 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default="1.0")
     parser.add_argument("--export-path", type=Path, default=MODEL_STORE)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model-config.yaml with handler options")
-    parser.add_argument(
-        "--handler-option",
-        type=parse_handler_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one option of --config's handler: section (repeatable), e.g. cpu_threads=1",
+    add_handler_option_argument(
+        parser, "override one option of --config's handler: section (repeatable), e.g. cpu_threads=1"
     )
     parser.add_argument(
         "--backend", choices=BACKENDS, default="pytorch", help="pytorch (default; GPUs) or onnx (ONNX Runtime, CPUs)"

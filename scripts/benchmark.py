@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from handlers.options import HandlerOptions
-from tooling.archiving import parse_handler_option
+from tooling.archiving import add_handler_option_argument
 from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
 from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
@@ -87,13 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="served CPU layouts, WORKERSxTHREADS per model, e.g. 1x0,2x1 (default: 1x<--threads>, 0 = every core)",
     )
-    parser.add_argument(
-        "--handler-option",
-        type=parse_handler_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a handler option over model-config.yaml's, for the served archives and the ceilings (repeatable)",
+    add_handler_option_argument(
+        parser, "a handler option over model-config.yaml's, for the served archives and the ceilings (repeatable)"
     )
     parser.add_argument("--no-ceilings", action="store_true", help="served cells only (targets that need them: -)")
     parser.add_argument("--out", type=Path, default=REPO / "bench_out")

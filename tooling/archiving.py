@@ -56,6 +56,13 @@ def parse_handler_option(value: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(raw)
 
 
+def add_handler_option_argument(parser, help: str) -> None:
+    """`--handler-option KEY=VALUE` (repeatable) on an argparse parser; the values land in a list of pairs."""
+    parser.add_argument(
+        "--handler-option", type=parse_handler_option, action="append", default=[], metavar="KEY=VALUE", help=help
+    )
+
+
 class NotACheckpoint(ValueError):
     """The folder is not a loadable Hugging Face sequence-classification checkpoint."""
 
