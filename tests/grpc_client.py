@@ -1,7 +1,7 @@
 """A client for TorchServe's gRPC APIs, generated at run time from TorchServe's own .proto files.
 
-tests/proto/ holds inference.proto and management.proto exactly as TorchServe 0.12 ships them;
-grpcio-tools compiles them into a private directory, so no generated code lives in the repository
+tests/proto/ holds inference.proto exactly as TorchServe 0.12 ships it;
+grpcio-tools compiles it into a private directory, so no generated code lives in the repository
 and the client always speaks the API of the server under test.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 PROTO_DIR = Path(__file__).resolve().parent / "proto"
-PROTOS = ("inference.proto", "management.proto")
+PROTOS = ("inference.proto",)
 
 
 def _include_dirs() -> list[str]:
