@@ -61,6 +61,10 @@ class ContentType:
     def parse(cls, value: Any) -> ContentType:
         if not isinstance(value, str) or not value.strip():
             return cls()
+        return _parse_content_type(value)
+
+    @classmethod
+    def _parse(cls, value: str) -> ContentType:
         media_type = value.split(";", 1)[0].strip().lower()
         # The email package parses MIME parameters properly: quoting, RFC 2231, stray whitespace.
         header = Message()
@@ -77,6 +81,12 @@ class ContentType:
     @property
     def is_form(self) -> bool:
         return self.media_type in FORM_MEDIA_TYPES
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_content_type(value: str) -> ContentType:
+    # Clients send a handful of distinct values; the MIME parse runs twice per request otherwise.
+    return ContentType._parse(value)
 
 
 def payload_of(item: Any) -> tuple[str | None, Any]:

@@ -476,9 +476,7 @@ class Fleet:
 
     def replica_ready(self, replica: Replica) -> bool:
         """Every worker of the model READY (management API, which listens on loopback only)."""
-        url = f"{replica.management_url}/models/{self.spec.model_name}"
-        workers = requests.get(url, timeout=2).json()[0]["workers"]
-        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+        return replica.server is not None and replica.server.model_ready(self.spec.model_name)
 
     def _stop_replica(self, replica: Replica) -> None:
         if replica.leader is not None and same_process(replica.leader):

@@ -222,12 +222,25 @@ class TorchServe:
             f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=timeout
         )
 
-    def describe(self, model: str) -> list[dict]:
+    def describe(self, model: str, timeout: float = 10.0) -> list[dict]:
         response = self.session.get(
-            f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=10
+            f"{self.management_url}/models/{model}", headers=self.auth("management"), timeout=timeout
         )
         response.raise_for_status()
         return response.json()
+
+    def model_ready(self, model: str) -> bool:
+        """Every worker of `model` READY (/ping is 200 before a model is loaded, so it cannot tell)."""
+        workers = self.describe(model, timeout=2.0)[0]["workers"]
+        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+
+    def wait_until_ready(self, model: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.model_ready(model):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{model} has no ready worker after {timeout}s")
 
     def predict(
         self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 # What the fixture asks the generator for. A generous batching delay makes batches of several requests
@@ -64,18 +62,7 @@ def kserve_config_server(kserve_layout, tmp_path_factory):
             env.setenv(name, value)  # captured by the server process at start; restored right after
         server.start()
     try:
-        wait_until_ready(server, CLUSTER_MODEL)
+        server.wait_until_ready(CLUSTER_MODEL)
         yield server, CLUSTER_MODEL
     finally:
         server.stop()
-
-
-def wait_until_ready(server, model: str, timeout: float = 120.0) -> None:
-    """Wait until every worker of `model` is READY (TorchServe answers /ping before a slow model is loaded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        workers = server.describe(model)[0]["workers"]
-        if workers and all(worker["status"] == "READY" for worker in workers):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{model} has no ready worker after {timeout}s; see {server.workdir}/logs")
