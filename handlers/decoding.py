@@ -98,10 +98,6 @@ def payload_of(item: Any) -> tuple[str | None, Any]:
     return None, None
 
 
-def is_json_content_type(content_type: str | None) -> bool:
-    return ContentType.parse(content_type).is_json
-
-
 def json_type_name(value: Any) -> str:
     if value is None:
         return "null"
@@ -260,11 +256,3 @@ def decode_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int)
     if name is None:
         return _without_payload(item, headers)
     return _decode(value, payload_content_type(name, headers), max_bytes)
-
-
-def decode_payload(value: Any, content_type: str | None, max_bytes: int) -> str | Rejection:
-    """A payload in the plain /predictions format -> its text: raw text, or JSON {"text": ...}."""
-    decoded = decode_body(value, content_type, max_bytes)
-    if isinstance(decoded, Document):
-        return text_from_json(decoded.value)
-    return decoded

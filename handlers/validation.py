@@ -6,7 +6,6 @@ The token-length cap needs the tokenizer and lives in tokenization.py.
 from __future__ import annotations
 
 from handlers import rejection
-from handlers.decoding import decode_payload
 from handlers.rejection import Rejection
 
 
@@ -21,11 +20,3 @@ def validate_text(text: str) -> str | Rejection:
     except UnicodeEncodeError as exc:
         return Rejection(400, "InvalidUnicode", f"text has an unpaired surrogate at index {exc.start}")
     return text
-
-
-def decode_and_validate(value: object, content_type: str | None, max_bytes: int) -> str | Rejection:
-    """Payload -> valid text or rejection: everything that happens before batching."""
-    decoded = decode_payload(value, content_type, max_bytes)
-    if isinstance(decoded, Rejection):
-        return decoded
-    return validate_text(decoded)

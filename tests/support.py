@@ -34,3 +34,27 @@ def expected_alone(handler, model_dir, texts: list[str]) -> list[dict]:
         [out] = handler.handle(set_batch(context, [(text.encode(), TEXT)]), context)
         answers.append(json.loads(out))
     return answers
+
+
+def plain_outcome(decoded: object) -> object:
+    """What the handler makes of one decoded body, with the pipeline's own steps: the body read by
+    protocols.parse_request, each instance checked by validation.validate_text; the text, or the
+    request's first rejection."""
+    from handlers.options import HandlerOptions
+    from handlers.protocols import parse_request
+    from handlers.rejection import Rejection
+    from handlers.validation import validate_text
+
+    request = parse_request(decoded, HandlerOptions().max_instances)
+    problem = request.first_problem()
+    if problem is not None:
+        return problem[1]
+    checked = [validate_text(instance) for instance in request.instances]
+    return next((c for c in checked if isinstance(c, Rejection)), checked[0])
+
+
+def decode_and_validate(value: object, content_type: str | None, max_bytes: int) -> object:
+    """A payload with its whole Content-Type -> its valid text, or why not (everything before batching)."""
+    from handlers.decoding import decode_body
+
+    return plain_outcome(decode_body(value, content_type, max_bytes))

@@ -10,18 +10,17 @@ from handlers import rejection
 from handlers.decoding import (
     ContentType,
     Document,
-    decode_payload,
     decode_request,
-    is_json_content_type,
     payload_of,
     request_header,
     text_codec,
 )
 from handlers.rejection import Rejection
-from handlers.validation import decode_and_validate, validate_text
+from handlers.validation import validate_text
 from tests.rejection_cases import MAX_BYTES as LIMIT
 from tests.rejection_cases import REJECTED_BODIES
 from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
+from tests.support import decode_and_validate, plain_outcome
 
 JSON = "application/json"
 
@@ -82,7 +81,7 @@ def test_byte_limit_is_checked_before_decoding():
 
 
 def test_pre_parsed_json_that_is_not_an_object():
-    outcome = decode_payload([1, 2], JSON, LIMIT)
+    outcome = decode_and_validate([1, 2], JSON, LIMIT)
     assert isinstance(outcome, Rejection) and outcome.type == "NotAnObject"
 
 
@@ -107,7 +106,7 @@ def test_payload_of_prefers_body_then_text_then_data():
     ],
 )
 def test_json_content_type(content_type, expected):
-    assert is_json_content_type(content_type) is expected
+    assert ContentType.parse(content_type).is_json is expected
 
 
 def test_validate_text_returns_the_text_unchanged():
@@ -350,7 +349,7 @@ DOCUMENTED_WAYS = {
 def test_every_documented_way_carries_the_text(way):
     outcome = decode(DOCUMENTED_WAYS[way])
     if isinstance(outcome, Document):
-        outcome = decode_payload(json.dumps(outcome.value).encode(), JSON, LIMIT)
+        outcome = plain_outcome(outcome)
     assert outcome == REVIEW
 
 

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from handlers import rejection
-from handlers.decoding import Document, decode_payload, decode_request, payload_of, text_from_json
+from handlers.decoding import decode_request, payload_of
 from handlers.rejection import Rejection
-from handlers.validation import decode_and_validate, validate_text
 from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
+from tests.support import decode_and_validate, plain_outcome
 
 LIMIT = 4096
 BOM = "\ufeff"
@@ -80,10 +80,8 @@ def assert_well_formed(outcome: object) -> None:
 
 
 def validated(decoded: object) -> object:
-    """What the handler makes of decode_request's outcome for the plain format."""
-    if isinstance(decoded, Document):
-        decoded = text_from_json(decoded.value)
-    return decoded if isinstance(decoded, Rejection) else validate_text(decoded)
+    """What the handler makes of decode_request's outcome."""
+    return plain_outcome(decoded)
 
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -263,4 +261,4 @@ def test_raw_bodies_with_request_headers(value, content_type, header_case):
     outcome = validated(decode_request(item, headers, LIMIT))
     assert_well_formed(outcome)
     # The request header is read in any case: the outcome is that of the payload and its whole Content-Type.
-    assert outcome == validated(decode_payload(raw, content_type, LIMIT))
+    assert outcome == decode_and_validate(raw, content_type, LIMIT)
