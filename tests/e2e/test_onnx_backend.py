@@ -189,19 +189,32 @@ def test_int8_below_the_agreement_bar_is_refused_by_the_archive_command(tiny_che
 # ---- the demo model in int8 ---------------------------------------------------------------------
 
 
+# How many of the held-out reviews int8 may label differently from float32. One review is 1.2 points of
+# the 84, so a bound in points is finer than the set. The demo model is retrained at set-up and its
+# weights differ between CPUs, and dynamic int8 quantizes activations per batch, so a review near the
+# boundary can change label with the CPU and with the batch it is served in. Measured over five training
+# seeds (a harsher spread than between CPUs) and six batchings each: at most 2 of 84 changed, in either
+# direction, and the default 99 % gate (no change allowed at 84) refused three of the five int8 exports.
+# Twice the worst seen; an int8 that really loses fails by far (sign-flipped scales: 41 of 84 changed).
+INT8_LABELS_ALLOWED_TO_CHANGE = 4
+
+
 def test_the_demo_models_int8_archive_keeps_its_held_out_accuracy(demo_checkpoint, torchserve, model_store):
-    """Served over HTTP, the int8 archive's held-out accuracy is within 1 point of the fp32 model's."""
+    """Served over HTTP, int8 labels at most INT8_LABELS_ALLOWED_TO_CHANGE held-out reviews differently from
+    float32, so it loses at most that many (a gain is no failure); the archive's own agreement gate (at
+    export, in batches of 8) is set to the same count."""
     from tooling.corpus import LABELS, held_out_examples
     from tooling.onnx_export import probabilities
 
-    build_archive(demo_checkpoint, "demo-int8", model_store, backend="onnx", quantize="int8")
+    examples = held_out_examples()
+    gate = 1 - INT8_LABELS_ALLOWED_TO_CHANGE / len(examples)
+    build_archive(demo_checkpoint, "demo-int8", model_store, backend="onnx", quantize="int8", min_agreement=gate)
     assert torchserve.register("demo-int8.mar", batch_size=8, max_batch_delay=20).status_code == 200
     try:
-        examples = held_out_examples()
         with ThreadPoolExecutor(max_workers=8) as pool:
             responses = list(pool.map(lambda e: torchserve.predict("demo-int8", e[0].encode(), "text/plain"), examples))
         assert all(r.status_code == 200 for r in responses)
-        int8_accuracy = sum(r.json()["label"] == LABELS[y] for r, (_, y) in zip(responses, examples)) / len(examples)
+        int8 = [LABELS.index(r.json()["label"]) for r in responses]
         loaded = load_line(torchserve, "demo-int8")
         assert "bert int8" in loaded and "label agreement" in loaded
     finally:
@@ -215,7 +228,10 @@ def test_the_demo_models_int8_archive_keeps_its_held_out_accuracy(demo_checkpoin
 
     tokenizer = AutoTokenizer.from_pretrained(demo_checkpoint)
     forward = load_torch_forward(demo_checkpoint, HandlerOptions().for_device("cpu"), None, 0, 512)
-    fp32 = probabilities(forward, tokenizer, [t for t, _ in examples], 256).argmax(-1)
-    fp32_accuracy = sum(int(p == y) for p, (_, y) in zip(fp32, examples)) / len(examples)
-    assert fp32_accuracy >= 0.9
-    assert abs(int8_accuracy - fp32_accuracy) <= 0.01, (int8_accuracy, fp32_accuracy)
+    fp32 = probabilities(forward, tokenizer, [t for t, _ in examples], 256).argmax(-1).tolist()
+    truth = [y for _, y in examples]
+    fp32_correct, int8_correct = (sum(p == y for p, y in zip(labels, truth)) for labels in (fp32, int8))
+    changed = sum(a != b for a, b in zip(fp32, int8))
+    assert fp32_correct >= 0.9 * len(examples)  # the set-up's own floor (TrainingSettings.min_accuracy)
+    assert changed <= INT8_LABELS_ALLOWED_TO_CHANGE, (changed, fp32_correct, int8_correct)
+    assert int8_correct >= fp32_correct - INT8_LABELS_ALLOWED_TO_CHANGE, (int8_correct, fp32_correct)

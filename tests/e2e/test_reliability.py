@@ -137,12 +137,15 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
     small_queue_server, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir
 ):
     server = small_queue_server
-    archive = make_archive(tiny_checkpoint, "tiny-slow", fault_marker="SLOW", fault_delay_s=2.0)
+    # The worker is held for 4 s and the burst follows 0.5 s later: the 30 requests have 3.5 s to arrive
+    # while it is busy, so "at most the queue plus the one in the worker are admitted" does not rest on
+    # how fast this machine starts 30 threads (2 s held was 1.5 s of margin, thin on a loaded CI machine).
+    archive = make_archive(tiny_checkpoint, "tiny-slow", fault_marker="SLOW", fault_delay_s=4.0)
     assert server.register(archive, batch_size=1, max_batch_delay=1).status_code == 200
     try:
         blocker = threading.Thread(target=server.predict, args=("tiny-slow", "SLOW request holds the worker"))
         blocker.start()
-        time.sleep(0.5)  # the worker is now busy for two seconds
+        time.sleep(0.5)  # the worker is now busy for four seconds
 
         texts = [f"burst request {i}" for i in range(30)]
 
