@@ -8,29 +8,17 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support import pinned_versions
 from tooling.paths import REPO
 
 LOCK = REPO / "requirements.lock"
 IMAGE_REQUIREMENTS = REPO / "deploy" / "docker" / "requirements.txt"
 
 
-def pins(path) -> dict[str, str]:
-    """name -> version of every `name==version` line (comments and `# via` annotations skipped)."""
-    found = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            requirement = Requirement(line)
-            [spec] = requirement.specifier
-            assert spec.operator == "==", f"{path.name}: not pinned: {line}"
-            found[canonicalize_name(requirement.name)] = spec.version
-    return found
-
-
 def test_every_locked_package_is_installed_at_its_locked_version():
     # What scripts/setup.sh installed (with the lock as constraints) is what the tests run on.
     installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
-    differing = {name: (version, installed.get(name)) for name, version in pins(LOCK).items()}
+    differing = {name: (version, installed.get(name)) for name, version in pinned_versions(LOCK).items()}
     assert {name: pair for name, pair in differing.items() if pair[0] != pair[1]} == {}
 
 
@@ -38,7 +26,7 @@ def test_the_lock_covers_the_project_and_its_extras_but_leaves_torch_to_the_set_
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = [*project["dependencies"], *project["optional-dependencies"]["test"]]
     declared += project["optional-dependencies"]["bench"]
-    locked = pins(LOCK)
+    locked = pinned_versions(LOCK)
     assert "torch" not in locked  # TORCH_SPEC in scripts/setup.sh picks the CPU or a CUDA build
     for requirement in map(Requirement, declared):
         name = canonicalize_name(requirement.name)
@@ -48,7 +36,7 @@ def test_the_lock_covers_the_project_and_its_extras_but_leaves_torch_to_the_set_
 
 
 def test_the_image_installs_the_locked_versions():
-    locked = pins(LOCK)
-    image = pins(IMAGE_REQUIREMENTS)
+    locked = pinned_versions(LOCK)
+    image = pinned_versions(IMAGE_REQUIREMENTS)
     assert image
     assert {name: (version, locked.get(name)) for name, version in image.items() if locked.get(name) != version} == {}
