@@ -1,6 +1,6 @@
 """Handler options, read from the ``handler:`` section of the archive's model-config.yaml.
 
-Every option has a default that serves; the table in README.md documents them.
+Every option has a default that serves; the table in docs/checkpoints.md documents them.
 Unknown keys and wrong types fail the model load loudly rather than being ignored.
 """
 

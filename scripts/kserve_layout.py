@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="bert", help="model name in URLs (/v1/models/NAME:predict); default bert")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--max-batch-delay", type=int, default=DEFAULT_MAX_BATCH_DELAY_MS, help="milliseconds")
-    parser.add_argument("--workers", type=int, default=1, help="workers per pod: 1 per GPU; on CPU see the README")
+    parser.add_argument("--workers", type=int, default=1, help="workers per pod: 1 per GPU; on CPU, docs/batching.md")
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
     args = parser.parse_args(argv)

@@ -19,12 +19,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
-stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${TORCH_SPEC//[^A-Za-z0-9.]/_}"
+# requirements.lock (scripts/lock.sh) pins every other package: installed as constraints, so each
+# set-up gets exactly the versions the suite passes with. A change to it, to pyproject.toml or to
+# TORCH_SPEC reinstalls.
+stamp=".venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-${TORCH_SPEC//[^A-Za-z0-9.]/_}"
 if [ ! -f "$stamp" ]; then
-  echo "==> installing $TORCH_SPEC and the project (.[test,bench])"
+  echo "==> installing $TORCH_SPEC and the project (.[test,bench]) at requirements.lock's versions"
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet "$TORCH_SPEC"
-  .venv/bin/python -m pip install --quiet ".[test,bench]"
+  .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"
+  .venv/bin/python -m pip install --quiet --constraint requirements.lock ".[test,bench]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
@@ -34,7 +37,7 @@ echo "==> demo model"
 
 # The demo archive runs on ONNX Runtime (fp32: the same answers as PyTorch, measured fastest on
 # CPU, docs/benchmarks.md) with one thread per worker: serve.sh starts one worker per core. On a
-# GPU host archive it with --backend pytorch instead (see README, Backends).
+# GPU host archive it with --backend pytorch instead (docs/checkpoints.md, Backends).
 # Rebuild the archive when the model, the handler code, its options or the export changed.
 if [ ! -f model_store/bert.mar ] || [ -n "$(find build/demo-model handlers model-config.yaml tooling/archiving.py tooling/onnx_export.py -newer model_store/bert.mar -not -name '*.pyc' -print -quit)" ]; then
   echo "==> archiving model_store/bert.mar (ONNX Runtime, fp32)"

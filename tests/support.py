@@ -13,6 +13,22 @@ JSON = "application/json"
 SHARED_MODEL = "tiny-shared"
 
 
+def pinned_versions(requirements: Path) -> dict[str, str]:
+    """name -> version of every requirement line of a pip requirements or constraints file, each `==`-pinned."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in requirements.read_text().splitlines():
+        line = line.split("#")[0].strip()  # comments and uv's `# via` annotations
+        if line:
+            requirement = Requirement(line)
+            [spec] = requirement.specifier
+            assert spec.operator == "==", f"{requirements.name}: not pinned: {line}"
+            pins[canonicalize_name(requirement.name)] = spec.version
+    return pins
+
+
 def unseen_reviews() -> list[tuple[str, str]]:
     """(label, text) pairs written for the tests; none of them is in data/."""
     with (DATA / "unseen_reviews.tsv").open(encoding="utf-8") as f:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from tooling.corpus import LABELS, read_examples, split
 from tooling.paths import DATA, DEMO_MODEL
@@ -55,9 +58,49 @@ def accuracy(model, tokenizer, examples: list[tuple[str, int]]) -> float:
     return correct / len(examples)
 
 
+class TrainingProgress:
+    """A progress bar on a terminal; one line per epoch anywhere else, so a log gets no bar redraws."""
+
+    def __init__(self, epochs: int, steps_per_epoch: int, stream: TextIO | None = None) -> None:
+        from tqdm import tqdm
+
+        self.stream = sys.stderr if stream is None else stream
+        self.epochs = epochs
+        self.bar = (
+            tqdm(total=epochs * steps_per_epoch, desc="fine-tuning", unit="step", file=self.stream)
+            if self.stream.isatty()
+            else None
+        )
+        self.losses: list[float] = []
+        self.started = time.monotonic()
+
+    def step(self, epoch: int, loss: float) -> None:
+        """One optimizer step of `epoch` (0-based) done, with this batch's loss."""
+        self.losses.append(loss)
+        if self.bar is not None:
+            self.bar.set_postfix(epoch=epoch + 1, loss=f"{loss:.3f}")
+            self.bar.update()
+
+    def end_epoch(self, epoch: int) -> None:
+        if self.bar is None:
+            mean = sum(self.losses) / len(self.losses) if self.losses else float("nan")
+            elapsed = time.monotonic() - self.started
+            print(
+                f"fine-tuning: epoch {epoch + 1}/{self.epochs}, mean loss {mean:.3f} over {len(self.losses)} steps, "
+                f"{elapsed:.1f} s",
+                file=self.stream,
+                flush=True,
+            )
+        self.losses = []
+        self.started = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def train(args: TrainingSettings) -> float:
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from tooling.checkpoints import minilm_dir
@@ -83,7 +126,8 @@ def train(args: TrainingSettings) -> float:
     total = steps_per_epoch * args.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
     order = list(range(len(train_set)))
-    with tqdm(total=total, desc="fine-tuning", unit="step") as progress:
+    progress = TrainingProgress(args.epochs, steps_per_epoch)
+    try:
         for epoch in range(args.epochs):
             model.train()
             random.shuffle(order)
@@ -97,8 +141,10 @@ def train(args: TrainingSettings) -> float:
                 optimizer.step()
                 schedule.step()
                 optimizer.zero_grad()
-                progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
-                progress.update()
+                progress.step(epoch, loss.item())
+            progress.end_epoch(epoch)
+    finally:
+        progress.close()
 
     train_accuracy = accuracy(model, tokenizer, train_set)
     held_out_accuracy = accuracy(model, tokenizer, held_out)

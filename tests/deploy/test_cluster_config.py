@@ -25,7 +25,7 @@ def _fake_archive(path: Path, version: str = "1.0") -> Path:
 def test_the_cluster_configuration_differs_from_the_single_machine_one_only_on_purpose():
     single = read_properties(SERVER_CONFIG)
     cluster = cluster_config.cluster_properties()
-    # Deliberate differences (README: Deploying on Kubernetes, authorization model).
+    # Deliberate differences (docs/kubernetes.md: the cluster configuration, authorization in the cluster).
     assert single.get("disable_token_authorization", "false") == "false"
     assert cluster["disable_token_authorization"] == "true"
     assert single["enable_model_api"] == "true"

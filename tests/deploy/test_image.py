@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.deploy.manifests import DOCKERFILE, dockerfile_instructions, dockerfile_stages
+from tests.support import pinned_versions
 from tooling.paths import REPO
 
 REQUIREMENTS = REPO / "deploy" / "docker" / "requirements.txt"
@@ -55,20 +56,8 @@ def test_the_build_context_holds_what_the_dockerfile_copies():
             assert (REPO / source).exists(), source
 
 
-def _pins() -> dict[str, str]:
-    pins = {}
-    for line in REQUIREMENTS.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            requirement = Requirement(line)
-            [spec] = requirement.specifier
-            assert spec.operator == "==", f"not pinned: {line}"
-            pins[canonicalize_name(requirement.name)] = spec.version
-    return pins
-
-
 def test_the_image_pins_every_runtime_dependency_within_pyproject():
-    pins = _pins()
+    pins = pinned_versions(REQUIREMENTS)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     declared = {canonicalize_name(Requirement(d).name): Requirement(d) for d in project}
     assert declared.keys() >= RUNTIME_DEPENDENCIES

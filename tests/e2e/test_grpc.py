@@ -2,7 +2,7 @@
 
 TorchServe 0.12's GRPCJob.response ignores the status the handler sets for an item: a rejected
 item arrives as a successful call (StatusCode.OK) whose prediction is the error JSON. These tests
-pin that down, so the README's advice (check the body's "code") stays true, and prove that answers
+pin that down, so docs/calling.md's advice (check the body's "code") stays true, and prove that answers
 over gRPC equal those over HTTP, that items of a batch stay independent, and that the inference
 key is required.
 """
@@ -116,7 +116,7 @@ def test_concurrent_mixed_calls_answer_as_http_does(stub, protos, torchserve, mo
 
 
 def test_a_rejected_item_is_a_successful_call_carrying_the_error(stub, protos, torchserve, model):
-    """What the README tells gRPC clients: no RpcError; parse the body, and a "code" key means refused."""
+    """What docs/calling.md tells gRPC clients: no RpcError; parse the body, and a "code" key means refused."""
     request = protos["inference_pb2"].PredictionsRequest(model_name=model, input={"data": b""})
     response, call = stub.Predictions.with_call(request, metadata=bearer(torchserve), timeout=60)
     assert call.code() == grpc.StatusCode.OK

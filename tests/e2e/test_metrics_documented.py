@@ -1,6 +1,6 @@
-"""Every metric the README's metrics table lists is on a real server's /metrics after traffic, as documented.
+"""Every metric the metrics table of docs/metrics.md lists is on a real server's /metrics after traffic, as documented.
 
-The table is read from README.md as it is when the tests run (tests/readme_tables.py), so a
+The table is read from docs/metrics.md as it is when the tests run (tests/doc_tables.py), so a
 metric renamed, dropped from metrics.yaml, or documented but never emitted fails here.
 """
 
@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from handlers.handler_metrics import DECLARED, HANDLER_TIME
-from tests.readme_tables import documented_metrics
+from tests.doc_tables import documented_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +41,10 @@ def exported(torchserve, tiny_checkpoint, make_archive) -> tuple[str, dict[str, 
         torchserve.unregister(model)
 
 
-def test_every_metric_in_the_readme_table_is_exported_after_traffic(exported):
+def test_every_metric_in_the_metrics_guide_is_exported_after_traffic(exported):
     model, samples = exported
     documented = documented_metrics()
-    assert len(documented) >= len(DECLARED) - 1, "the README's metrics table was not found or not parsed"
+    assert len(documented) >= len(DECLARED) - 1, "docs/metrics.md's table was not found or not parsed"
     for name, (kind, labels) in documented.items():
         assert name in samples, f"{name} is documented but not on /metrics"
         family_type, found = samples[name]

@@ -278,7 +278,7 @@ def test_a_request_held_for_batching_when_the_worker_dies_is_never_answered(torc
         assert torchserve.predict(model, "sent after the restart", timeout=90).status_code == 200
         # ... while the earlier one has received nothing, not even a closed connection.
         readable, _, _ = select.select([waiting.sock], [], [], 1.0)
-        assert not readable, "TorchServe answered a request it dropped in 0.12; update the README and this test"
+        assert not readable, "TorchServe answered a request 0.12 dropped; update docs/reliability.md and this test"
     finally:
         waiting.close()
 

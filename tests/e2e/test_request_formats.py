@@ -1,6 +1,6 @@
 """Every common way of sending a text, against a real TorchServe: it works, or the answer says what to do.
 
-The README's "Calling it" commands are run here as they are written, with curl, so each one is
+The curl commands of docs/calling.md are run here as they are written, with curl, so each one is
 known to work; the other cases (charsets, byte-order marks, several form fields) go through
 `requests`. Every accepted text must get exactly the answer the same text gets as a plain UTF-8
 body, and no request that carries a text is ever answered EmptyText.
@@ -77,7 +77,7 @@ def assert_rejected(response: requests.Response | tuple[int, dict], status: int,
     return body
 
 
-# ---- the README's curl commands, run as written -----------------------------------------------------
+# ---- the curl commands of docs/calling.md, run as written ---------------------------------------------
 
 
 def curl(torchserve, url: str, *arguments: str, cwd: Path) -> tuple[int, dict]:
@@ -85,7 +85,7 @@ def curl(torchserve, url: str, *arguments: str, cwd: Path) -> tuple[int, dict]:
     executable = shutil.which("curl")
     if executable is None:
         if os.environ.get("CI"):
-            pytest.fail("curl is not installed: the README's commands cannot be checked")
+            pytest.fail("curl is not installed: docs/calling.md's commands cannot be checked")
         pytest.skip("curl is not installed")
     key = torchserve.keys()["inference"]
     command = [executable, "-s", "-w", "\n%{http_code}", "-H", f"Authorization: Bearer {key}", *arguments, url]
@@ -109,7 +109,7 @@ CURL_WAYS = {
 
 
 @pytest.mark.parametrize("way", CURL_WAYS)
-def test_each_readme_command_gets_the_answer_of_its_text(torchserve, url, review_file, reference, way):
+def test_each_documented_command_gets_the_answer_of_its_text(torchserve, url, review_file, reference, way):
     arguments, text = CURL_WAYS[way]
     assert_same_answer(curl(torchserve, url, *arguments, cwd=review_file.parent), reference(text))
 

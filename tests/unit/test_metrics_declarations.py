@@ -14,7 +14,7 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.service import PREDICTION_METRIC
 
 from handlers.handler_metrics import DECLARED, HandlerMetrics
-from tests.readme_tables import documented_metrics
+from tests.doc_tables import documented_metrics
 from tooling.paths import METRICS_CONFIG
 
 # Every model metric carries these first; the backend appends Hostname itself.
@@ -62,8 +62,8 @@ def test_emitting_every_handler_metric_through_torchserve_adds_nothing_undeclare
     assert "could not emit metric" not in caplog.text
 
 
-def test_the_readme_documents_every_metric_the_handler_emits_as_declared():
+def test_the_metrics_guide_documents_every_metric_the_handler_emits_as_declared():
     documented = documented_metrics()
     for name, (metric_type, _, extra_dimensions) in DECLARED.items():
-        assert name in documented, f"{name} is emitted by the handler but missing from README's metrics table"
+        assert name in documented, f"{name} is emitted by the handler but missing from docs/metrics.md's table"
         assert documented[name] == (metric_type.value, extra_dimensions), name

@@ -1,0 +1,19 @@
+"""Tables of the guides in docs/, read as they are when the tests run, so a test holds the docs to their word."""
+
+from __future__ import annotations
+
+import re
+
+from tooling.paths import REPO
+
+METRICS_GUIDE = REPO / "docs" / "metrics.md"
+
+
+def documented_metrics(guide: str | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The metrics table of docs/metrics.md: name -> (type, label names shown in braces after the name)."""
+    guide = METRICS_GUIDE.read_text(encoding="utf-8") if guide is None else guide
+    rows = re.findall(r"^\|\s*`(\w+)(?:\{([\w, ]*)\})?`\s*\|\s*(\w+)\s*\|", guide, flags=re.MULTILINE)
+    return {
+        name: (kind, tuple(label.strip() for label in labels.split(",") if label.strip()))
+        for name, labels, kind in rows
+    }
