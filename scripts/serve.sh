@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # README command 1: set up if needed, start TorchServe, register the model through the
 # management API with dynamic batching, wait until it is ready, print a curl to try.
-#   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8)
-#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2, see docs/benchmarks.md)
+#   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8 on CPU, 128 on a GPU)
+#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2 on CPU, 10 on a GPU)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
-#   WORKERS          worker processes                              (default: one per core; the demo
-#                    archive runs one thread per worker, measured fastest on CPU in docs/benchmarks.md)
+#   WORKERS          worker processes                              (default: one per core on CPU, the
+#                    demo archive running one thread per worker; 8 per GPU on a GPU host)
+#   BERT_DEVICE      cpu|gpu forces the host's kind (default: scripts/detect_device.py decides)
+# The defaults are the best layouts measured: on CPU docs/benchmarks.md; on a GPU one H100 run
+# (docs/benchmarks.md, "GPU"), where one worker's Python, not the GPU, was the limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BATCH_SIZE=${BATCH_SIZE:-8}
-MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2}
-MODEL_NAME=${MODEL_NAME:-bert}
-WORKERS=${WORKERS:-$(nproc)}
+WORKERS_PER_GPU=8
 
 scripts/setup.sh
 source scripts/runtime_env.sh
+eval "$(.venv/bin/python scripts/detect_device.py)"
+if [ "$DEVICE" = gpu ]; then
+  BATCH_SIZE=${BATCH_SIZE:-128} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-10} WORKERS=${WORKERS:-$((WORKERS_PER_GPU * GPUS))}
+else
+  BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2} WORKERS=${WORKERS:-$(nproc)}
+fi
+MODEL_NAME=${MODEL_NAME:-bert}
+
+# Why the model's workers did not start, from the worker's own log: the last Python exception it
+# printed (the handler's message names the cause and the fix), not TorchServe's summary line.
+explain_load_failure() {
+  local cause
+  cause=$(grep -hoE 'MODEL_LOG - [A-Za-z_.]*(Error|Exception|Failed)[A-Za-z_]*: .*' logs/model_log.log 2>/dev/null | tail -1 || true)
+  if [ -n "$cause" ]; then
+    echo "cause: ${cause#MODEL_LOG - }" >&2
+  else
+    echo "no exception in logs/model_log.log; TorchServe's own log is logs/ts_log.log" >&2
+  fi
+}
 
 key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.json'))[sys.argv[1]]['key'])" "$1"; }
 ping_ok() { [ -f key_file.json ] && curl -fsS -o /dev/null -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null; }
@@ -34,10 +53,15 @@ IKEY=$(key inference)
 if curl -fsS -o /dev/null -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
-  echo "==> registering $MODEL_NAME.mar: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
-  curl -fsS -X POST -H "Authorization: Bearer $MKEY" \
-    "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true"
-  echo
+  echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
+  answer=$(curl -sS -w '\n%{http_code}' -X POST -H "Authorization: Bearer $MKEY" \
+    "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true")
+  if [ "${answer##*$'\n'}" != 200 ]; then
+    echo "registering $MODEL_NAME failed (HTTP ${answer##*$'\n'}): $(echo "${answer%$'\n'*}" | tr -s ' \n' ' ')" >&2
+    explain_load_failure
+    exit 1
+  fi
+  echo "${answer%$'\n'*}"
 fi
 
 for _ in $(seq 1 120); do
@@ -45,7 +69,7 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 curl -fsS -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
-  || { echo "$MODEL_NAME has no ready worker; see logs/model_log.log" >&2; exit 1; }
+  || { echo "$MODEL_NAME has no ready worker" >&2; explain_load_failure; exit 1; }
 
 cat <<MSG
 

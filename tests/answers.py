@@ -8,7 +8,8 @@ helpers here make that explicit instead of hoping the texts are different enough
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice, pairwise
 from pathlib import Path
 
@@ -66,3 +67,9 @@ def distinguishable_texts(
                 if len(texts) == count:
                     return texts, answers
     raise ValueError(f"only {len(texts)} of {count} candidate texts have answers {separation} apart")
+
+
+def candidate_texts() -> Iterator[str]:
+    """Distinct texts of 3 to 22 words (up to about 50 tokens), so batches get split by the token budget."""
+    for i in itertools.count():
+        yield f"request {i}: " + " ".join(f"w{(i * 7 + k) % 97}" for k in range(3 + i % 20))

@@ -17,6 +17,21 @@ from tooling.inprocess import load_handler, unpacked_layout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked gpu run only where torch sees a CUDA device; elsewhere they are skipped, with why."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+    reason = f"needs a CUDA GPU: torch {torch.__version__} ({built}) sees none"
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 # ---- checkpoints and archives ---------------------------------------------------------------
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.client
-import itertools
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.answers import TOLERANCE, assert_same_answer, distinguishable_texts, smallest_gap
+from tests.answers import TOLERANCE, assert_same_answer, candidate_texts, distinguishable_texts, smallest_gap
 from tests.support import expected_alone
 from tooling.paths import REPO
 from tooling.prometheus import metric_value
@@ -65,12 +64,6 @@ def test_a_failing_forward_pass_fails_only_its_culprits(
 
 
 # ---- mapping under concurrency ------------------------------------------------------------------
-
-
-def candidate_texts():
-    """Distinct texts of 3 to 22 words (up to about 50 tokens), so batches get split by the token budget."""
-    for i in itertools.count():
-        yield f"request {i}: " + " ".join(f"w{(i * 7 + k) % 97}" for k in range(3 + i % 20))
 
 
 def test_two_thousand_concurrent_requests_each_get_their_own_answer(
