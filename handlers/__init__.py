@@ -9,11 +9,12 @@ Module map (one job each), in the order a batch flows through them:
   tokenization.py     valid texts -> token ids, with the token cap; padding into arrays
   batching.py         length-aware micro-batch planning, torch-free
   fault_isolation.py  bisection of a failing forward pass down to the items that fail alone
+  fault_injection.py  a forward pass that fails on demand (the test-only fault_marker options), chosen at load
   torch_forward.py    the forward pass in PyTorch (GPU, float16, any checkpoint)
   onnx_forward.py     the forward pass in ONNX Runtime (the fast CPU path)
   responses.py        instance results -> each request's status and JSON body, in its format
-  rejection.py        the per-item error type and TorchServe's error body shape
-  loading.py          an unpacked archive -> tokenizer, labels, limits and the forward pass, once
+  rejection.py        the catalogue: every error the service answers, and TorchServe's error body shape
+  loading.py          the one loader: a model folder -> tokenizer, labels, limits and the forward pass, once
   handler_metrics.py  the handler's own Prometheus metrics
   options.py          handler options from the archive's model-config.yaml
 """

@@ -98,34 +98,6 @@ def payload_of(item: Any) -> tuple[str | None, Any]:
     return None, None
 
 
-def json_type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
-def text_from_json(document: Any) -> str | Rejection:
-    """Pick the text out of a parsed JSON document; other fields are ignored."""
-    if not isinstance(document, Mapping):
-        return rejection.not_an_object(json_type_name(document))
-    if TEXT_FIELD not in document:
-        return rejection.missing_field(TEXT_FIELD)
-    text = document[TEXT_FIELD]
-    if not isinstance(text, str):
-        return rejection.wrong_type(TEXT_FIELD, json_type_name(text))
-    return text
-
-
 @functools.lru_cache(maxsize=64)
 def text_codec(charset: str) -> str | None:
     """Python's name for the text encoding `charset` names, or None if it names none."""
@@ -190,15 +162,6 @@ def _decode(value: Any, content_type: ContentType, max_bytes: int) -> str | Docu
     return Document(document)
 
 
-def decode_body(value: Any, content_type: str | None, max_bytes: int) -> str | Document | Rejection:
-    """One request's payload -> its text, or its parsed JSON document, or why it cannot be served.
-
-    `content_type` is the payload's whole Content-Type: its media type says whether the payload is
-    JSON, its charset (UTF-8 if none) how to decode it. The byte limit is checked first.
-    """
-    return _decode(value, ContentType.parse(content_type), max_bytes)
-
-
 # ---- one item of a TorchServe batch ---------------------------------------------------------------
 
 
@@ -224,7 +187,7 @@ def parameter_content_type(headers: Mapping[str, Any] | None, name: str | None) 
     return parameter if isinstance(parameter, str) else None
 
 
-def payload_content_type(name: str, headers: Mapping[str, Any] | None) -> ContentType:
+def payload_content_type(headers: Mapping[str, Any] | None, name: str) -> ContentType:
     """The payload's media type and charset, from its parameter's entry and the request's Content-Type.
 
     TorchServe keeps only the media type of each parameter: the charset is the request's.
@@ -255,4 +218,4 @@ def decode_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int)
     name, value = payload_of(item)
     if name is None:
         return _without_payload(item, headers)
-    return _decode(value, payload_content_type(name, headers), max_bytes)
+    return _decode(value, payload_content_type(headers, name), max_bytes)

@@ -3,7 +3,8 @@
 TorchServe exposes a backend metric on /metrics only if metrics.yaml (the
 server's `metrics_config`) declares it with the same name, type and dimension
 names; an undeclared metric is dropped silently. Keep the two in step:
-tests/test_e2e_service.py reads every name below back from a real /metrics.
+tests/unit/test_metrics_declarations.py checks DECLARED against metrics.yaml, and
+tests/e2e/test_metrics_documented.py reads every name below back from a real /metrics.
 """
 
 from __future__ import annotations

@@ -1,28 +1,31 @@
 """Loading an unpacked archive once, at worker start: tokenizer, labels, limits and the forward pass.
 
 The result is an immutable value the handler keeps for its lifetime; nothing per batch lives on it.
+This is the one loader: the handler, the ONNX export's checks (tooling/onnx_export.py) and the
+benchmark's ceilings (tooling/bench/ceilings.py) all serve a model through it, so what they
+measure is what the handler serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
 from handlers.options import HandlerOptions
-from handlers.responses import label_names
 from handlers.tokenization import Encoding, model_token_limit
 
-ONNX_FILE = "model.onnx"
+Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     tokenizer: Any
-    forward: Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
+    forward: Forward
     labels: tuple[str, ...]
     options: HandlerOptions  # with every "auto" resolved for the device
     max_length: int  # token cap per text: the option, clipped to what the model can embed
@@ -32,12 +35,25 @@ class LoadedModel:
     description: str  # one line for the load log
 
 
+def label_names(id2label: Mapping[int, str] | None, num_labels: int) -> list[str]:
+    """Label names in class-index order; falls back to LABEL_i where the config has none."""
+    id2label = id2label or {}
+    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels)]
+
+
 def backend_of(model_dir: Path) -> str:
     """An archive holding model.onnx is served by ONNX Runtime; any other by PyTorch."""
     return "onnxruntime" if (Path(model_dir) / ONNX_FILE).is_file() else "pytorch"
 
 
-def load_model(model_dir: Path, options: HandlerOptions, gpu_id: int | None) -> LoadedModel:
+def load_model(
+    model_dir: Path, options: HandlerOptions, gpu_id: int | None, onnx_dir: Path | None = None
+) -> LoadedModel:
+    """The model in `model_dir` (a checkpoint folder, or an ONNX one: model.onnx + tokenizer + config.json).
+
+    `onnx_dir`: a folder holding a model.onnx to serve with model_dir's tokenizer and config in
+    place of model_dir's own weights; the export checks each graph this way before packing it.
+    """
     from transformers import AutoConfig, AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -45,18 +61,22 @@ def load_model(model_dir: Path, options: HandlerOptions, gpu_id: int | None) -> 
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     token_limit = model_token_limit(tokenizer, config)
     pad_token_id = tokenizer.pad_token_id or 0
-    backend = backend_of(model_dir)
+    onnx_dir = Path(onnx_dir) if onnx_dir is not None else model_dir
+    backend = backend_of(onnx_dir)
+    forward: Any
     if backend == "onnxruntime":
-        from handlers.onnx_forward import load_onnx_forward
-
         # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
         options = options.for_device("cuda" if gpu_id is not None else "cpu", backend)
-        forward = load_onnx_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
+        forward = load_onnx_forward(onnx_dir, options, gpu_id, pad_token_id, token_limit)
     else:
         from handlers.torch_forward import load_torch_forward, select_device
 
         options = options.for_device(select_device(gpu_id).type, backend)
         forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
+    if options.fault_marker:
+        from handlers.fault_injection import FaultInjectingForward
+
+        forward = FaultInjectingForward(forward, tokenizer, options)
     return LoadedModel(
         tokenizer=tokenizer,
         forward=forward,

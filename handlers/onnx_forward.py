@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from handlers.loading import ONNX_FILE
 from handlers.options import HandlerOptions
 from handlers.tokenization import Encoding, collate
 
+# The graph's file name in an ONNX checkpoint folder (and in an archive's model/).
+ONNX_FILE = "model.onnx"
 # Key of the JSON record tooling/onnx_export.py writes into the graph's metadata_props:
 # how the graph was made and the numbers its export measured against PyTorch.
 EXPORT_METADATA_KEY = "bert_torchserve.export"

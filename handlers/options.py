@@ -43,19 +43,19 @@ class HandlerOptions:
     cpu_threads: int = 0
     # ONNX Runtime only (archives holding model.onnx). Inter-op threads: 1 runs the graph's
     # nodes one after another (sequential mode); more runs independent branches in parallel.
-    # BERT's graph is a chain: 2 made the demo model 29 % slower on 2 cores (docs/benchmarks.md).
+    # BERT's graph is a chain, so more was slower where measured (docs/benchmarks.md).
     onnx_inter_op_threads: int = 1
     # ONNX Runtime only: let idle intra-op threads spin-wait for the next op instead of sleeping.
     # Off by default: spinning burns CPU that the frontend, other workers or a container's CPU
-    # quota need. On an otherwise idle 2-core machine it gave one 2-thread worker 6-19 % more;
-    # with one thread per worker (the faster layout measured) it changes nothing.
+    # quota need, and with one thread per worker (the faster layout) it gains nothing
+    # (docs/benchmarks.md).
     onnx_spinning: bool = False
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
-    # Test-only fault hook: a forward pass holding an item whose text contains this string
-    # raises (fault_kind "error": a RuntimeError; "oom": an out-of-memory error), or, with
-    # fault_delay_s > 0, stalls that many seconds instead. Empty, the default, disables it;
-    # never set it in production.
+    # Test-only fault hook (handlers/fault_injection.py, wrapped around the forward pass at load):
+    # a forward pass holding an item whose text has this word raises (fault_kind "error": a
+    # RuntimeError; "oom": an out-of-memory error), or, with fault_delay_s > 0, stalls that many
+    # seconds instead. Empty, the default, disables it; never set it in production.
     fault_marker: str = ""
     fault_kind: str = "error"
     fault_delay_s: float = 0.0

@@ -6,6 +6,9 @@ Each step is a function that takes what the previous one returned; nothing is st
 between batches. Every instance of every request is validated on its own; the valid
 instances of the whole batch share one length-aware plan and the same fault isolation;
 each request gets exactly one answer, by index, and one bad request never fails another.
+
+Each stage hands on a mapping of its own type (texts, then encodings, then predictions),
+keyed by instance; every instance a stage refuses goes into one `rejected` mapping instead.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_tokens, plan_micro_batches
@@ -24,13 +27,15 @@ from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.protocols import ParsedRequest, parse_request
 from handlers.rejection import Rejection
-from handlers.responses import Answer, Prediction, answer
+from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
 from handlers.validation import validate_text
 
 logger = logging.getLogger(__name__)
 
 InstanceKey = tuple[int, int]  # (request index in the batch, instance position in the request)
+Rejected = dict[InstanceKey, Rejection]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,15 @@ class BatchOutcome:
     real_tokens: int = 0
     padded_tokens: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The forward passes of a batch, and the tokens they compute (real, and with padding)."""
+
+    groups: list[list[InstanceKey]]
+    real_tokens: int = 0
+    padded_tokens: int = 0
 
 
 # ---- the steps --------------------------------------------------------------------------------------
@@ -57,89 +71,113 @@ def read_requests(
     ]
 
 
-def validate(requests: Sequence[ParsedRequest]) -> dict[InstanceKey, str | Rejection]:
-    """Every instance of every request checked on its own (text rules that need no tokenizer)."""
-    return {
-        (r, p): instance if isinstance(instance, Rejection) else validate_text(instance)
-        for r, request in enumerate(requests)
-        if request.error is None
-        for p, instance in enumerate(request.instances)
-    }
+def validate(requests: Sequence[ParsedRequest]) -> tuple[dict[InstanceKey, str], Rejected]:
+    """Every instance of every request checked on its own (text rules that need no tokenizer):
+    (valid texts, rejected instances). An instance the format could not read is rejected as it is."""
+    texts: dict[InstanceKey, str] = {}
+    rejected: Rejected = {}
+    for r, request in enumerate(requests):
+        if request.error is not None:
+            continue
+        for p, instance in enumerate(request.instances):
+            checked = instance if isinstance(instance, Rejection) else validate_text(instance)
+            if isinstance(checked, Rejection):
+                rejected[(r, p)] = checked
+            else:
+                texts[(r, p)] = checked
+    return texts, rejected
 
 
-def servable(outcomes: Mapping[InstanceKey, Any]) -> dict[InstanceKey, Any]:
-    """The outcomes of requests none of whose instances failed so far: only those are worth more work."""
-    failed = {r for (r, _), outcome in outcomes.items() if isinstance(outcome, Rejection)}
-    return {key: outcome for key, outcome in outcomes.items() if key[0] not in failed}
+def servable(values: Mapping[InstanceKey, T], rejected: Mapping[InstanceKey, Rejection]) -> dict[InstanceKey, T]:
+    """The values of requests none of whose instances was rejected so far: only those are worth more work."""
+    failed = {r for r, _ in rejected}
+    return {key: value for key, value in values.items() if key[0] not in failed}
 
 
-def encode_texts(model: LoadedModel, texts: Mapping[InstanceKey, str]) -> dict[InstanceKey, Encoding | Rejection]:
+def encode_texts(model: LoadedModel, texts: Mapping[InstanceKey, str]) -> tuple[dict[InstanceKey, Encoding], Rejected]:
     """Token ids with the cap; under `overlength: reject`, a text over the cap is refused instead."""
     keys = list(texts)
     encodings = encode(model.tokenizer, [texts[k] for k in keys], model.max_length)
-    reject = model.options.overlength == "reject"
-    return {
-        key: rejection.too_many_tokens(model.max_length) if reject and encoding.truncated else encoding
-        for key, encoding in zip(keys, encodings)
-    }
+    if model.options.overlength != "reject":
+        return dict(zip(keys, encodings)), {}
+    kept = {key: e for key, e in zip(keys, encodings) if not e.truncated}
+    refused = {key: rejection.too_many_tokens(model.max_length) for key, e in zip(keys, encodings) if e.truncated}
+    return kept, refused
 
 
-def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> list[list[InstanceKey]]:
+def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> Plan:
     """Instances of the whole batch grouped into forward passes within the padded-token budget."""
     keys = list(encodings)
     lengths = [encodings[k].length for k in keys]
-    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, model.options.pad_to_multiple_of)
-    return [[keys[position] for position in group] for group in groups]
+    multiple = model.options.pad_to_multiple_of
+    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, multiple)
+    return Plan(
+        groups=[[keys[position] for position in group] for group in groups],
+        real_tokens=sum(lengths),
+        padded_tokens=padded_tokens(lengths, groups, multiple, model.token_limit),
+    )
 
 
 def run_forward(
-    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding],
-    texts: Mapping[InstanceKey, str],
-) -> dict[InstanceKey, Prediction | Rejection]:  # fmt: skip
+    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding]
+) -> tuple[dict[InstanceKey, Prediction], Rejected]:
     """One forward pass per group; a failing pass is bisected down to the instances that fail alone."""
 
     def run(subset: Sequence[InstanceKey]):
-        inject_test_fault(model.options, [texts[k] for k in subset])
         return model.forward([encodings[k] for k in subset])
 
     def describe(subset: Sequence[InstanceKey]) -> str:
         longest = max(encodings[k].length for k in subset)
         return f"a group of {len(subset)} items (longest {longest} tokens, requests {sorted({r for r, _ in subset})})"
 
-    results: dict[InstanceKey, Prediction | Rejection] = {}
+    predictions: dict[InstanceKey, Prediction] = {}
+    rejected: Rejected = {}
     for group in groups:
         for key, row in run_isolating_faults(run, group, describe).items():
-            results[key] = row if isinstance(row, Rejection) else Prediction(row.tolist(), encodings[key].truncated)
-    return results
+            if isinstance(row, Rejection):
+                rejected[key] = row
+            else:
+                predictions[key] = Prediction(row.tolist(), encodings[key].truncated)
+    return predictions, rejected
+
+
+def first_rejection(request: ParsedRequest, rejected: Mapping[int, Rejection]) -> tuple[int | None, Rejection] | None:
+    """Which error a request is answered with, given its rejected instances by position; None if none.
+
+    The one precedence rule: an error in the request as sent (the body, or an instance its format
+    cannot read) wins over what a later stage (validation, the token cap, the model) found, even at
+    a later position; within a stage, the first position wins.
+    """
+    problem = request.first_problem()
+    if problem is not None:
+        return problem
+    if not rejected:
+        return None
+    position = min(rejected)
+    return position, rejected[position]
 
 
 def regroup(
-    requests: Sequence[ParsedRequest], outcomes: Mapping[InstanceKey, Prediction | Rejection | Any], model_name: str,
-    labels: Sequence[str],
+    requests: Sequence[ParsedRequest], predictions: Mapping[InstanceKey, Prediction], rejected: Rejected,
+    model_name: str, labels: Sequence[str],
 ) -> list[Answer]:  # fmt: skip
     """Each request's instance results, in order, turned into its one answer."""
+    by_request: dict[int, dict[int, Rejection]] = {}
+    for (r, p), reason in rejected.items():
+        by_request.setdefault(r, {})[p] = reason
     answers = []
     for r, request in enumerate(requests):
-        results = [outcomes.get((r, p), _NOT_RUN) for p in range(len(request.instances))]
-        answers.append(answer(request, results, labels, model_name))
+        problem = first_rejection(request, by_request.get(r, {}))
+        if problem is not None:
+            answers.append(error_answer(request, *problem))
+            continue
+        served = [predictions.get((r, p)) for p in range(len(request.instances))]
+        if any(prediction is None for prediction in served):
+            # Not one of the pipeline's outcomes: never answer a request with a prediction missing.
+            answers.append(error_answer(request, None, rejection.internal_error()))
+            continue
+        answers.append(success_answer(request, served, labels, model_name))  # type: ignore[arg-type] - no None left
     return answers
-
-
-# An instance skipped because another instance of its request already failed; never
-# reaches a client, since that request is answered with the earlier failure.
-_NOT_RUN = rejection.internal_error()
-
-
-def inject_test_fault(options: HandlerOptions, texts: Sequence[str]) -> None:
-    """The test-only fault hook (handler options fault_marker / fault_kind / fault_delay_s)."""
-    if not options.fault_marker or not any(options.fault_marker in text for text in texts):
-        return
-    if options.fault_delay_s:
-        time.sleep(options.fault_delay_s)
-    elif options.fault_kind == "oom":
-        raise MemoryError("injected out of memory (handler option fault_marker)")
-    else:
-        raise RuntimeError("injected fault (handler option fault_marker)")
 
 
 # ---- the whole batch ----------------------------------------------------------------------------------
@@ -151,32 +189,31 @@ def answer_batch(
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
     requests = read_requests(items, headers, model.options)
-    outcomes: dict[InstanceKey, Any] = validate(requests)
+    texts, rejected = validate(requests)
     clock.lap("validation")
 
-    forward_passes = real = padded = 0
+    predictions: dict[InstanceKey, Prediction] = {}
+    counted = Plan([])  # what the metrics report: the plan, once its passes have run
     try:
-        texts = servable(outcomes)
-        outcomes.update(encode_texts(model, texts))
+        encodings, refused = encode_texts(model, servable(texts, rejected))
+        rejected.update(refused)
         clock.lap("tokenization")
-        encodings = servable(outcomes)
-        groups = plan(model, encodings)
-        outcomes.update(run_forward(model, groups, encodings, texts))
+        encodings = servable(encodings, rejected)
+        batch_plan = plan(model, encodings)
+        predictions, failed = run_forward(model, batch_plan.groups, encodings)
+        rejected.update(failed)
         clock.lap("forward")
-        lengths = [encodings[k].length for k in encodings]
-        positions = {key: i for i, key in enumerate(encodings)}
-        forward_passes, real = len(groups), sum(lengths)
-        padded = padded_tokens(lengths, [[positions[k] for k in g] for g in groups],
-                               model.options.pad_to_multiple_of, model.token_limit)  # fmt: skip
+        counted = batch_plan
     except Exception:
         # A bug in a shared step: requests already answered keep their answer, the rest get 500.
-        logger.exception("handler failed on a batch of %d requests", len(items))
-        for key, outcome in servable(outcomes).items():
-            if not isinstance(outcome, Prediction):
-                outcomes[key] = rejection.internal_error()
-    answers = regroup(requests, outcomes, model_name, model.labels)
+        logger.exception("a shared step (tokenization, planning or the forward pass) failed on a batch of %d "
+                         "requests; the requests not yet answered get 500", len(items))  # fmt: skip
+        for key in servable(texts, rejected):
+            if key not in predictions:
+                rejected[key] = rejection.internal_error()
+    answers = regroup(requests, predictions, rejected, model_name, model.labels)
     clock.lap("response")
-    return BatchOutcome(answers, forward_passes, real, padded, clock.laps)
+    return BatchOutcome(answers, len(counted.groups), counted.real_tokens, counted.padded_tokens, clock.laps)
 
 
 class _StageClock:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers import rejection
-from handlers.decoding import TEXT_FIELD, Document, json_type_name, text_from_json
+from handlers.decoding import TEXT_FIELD, Document
 from handlers.rejection import Rejection
 
 PREDICTIONS = "predictions"
@@ -72,14 +72,14 @@ def parse_request(decoded: str | Document | Rejection, max_instances: int) -> Pa
 
 def _kserve_v1(instances: Any, max_instances: int) -> ParsedRequest:
     def malformed(message: str) -> ParsedRequest:
-        return ParsedRequest(KSERVE_V1, error=Rejection(400, "MalformedRequest", f"KServe v1: {message}"))
+        return ParsedRequest(KSERVE_V1, error=rejection.malformed_request("KServe v1", message))
 
     if not isinstance(instances, list):
         return malformed(f"'instances' must be an array, got {json_type_name(instances)}")
     if not instances:
         return malformed("'instances' is empty")
     if len(instances) > max_instances:
-        return ParsedRequest(KSERVE_V1, error=too_many_instances(len(instances), max_instances))
+        return ParsedRequest(KSERVE_V1, error=rejection.too_many_instances(len(instances), max_instances))
     return ParsedRequest(KSERVE_V1, tuple(_v1_instance(instance) for instance in instances))
 
 
@@ -95,7 +95,7 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
     request_id = document.get("id")
 
     def malformed(message: str) -> ParsedRequest:
-        error = Rejection(400, "MalformedRequest", f"Open Inference Protocol: {message}")
+        error = rejection.malformed_request("Open Inference Protocol", message)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
 
     inputs = document["inputs"]
@@ -120,7 +120,8 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         if not isinstance(value, str):
             return malformed(f"inputs[0].data[{position}] must be a string, got {json_type_name(value)}")
     if len(data) > max_instances:
-        return ParsedRequest(KSERVE_V2, error=too_many_instances(len(data), max_instances), request_id=request_id)
+        error = rejection.too_many_instances(len(data), max_instances)
+        return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
     return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id)
 
 
@@ -131,5 +132,29 @@ def _shape_holds(shape: Any, count: int) -> bool:
     return shape == [count] or shape == [count, 1]
 
 
-def too_many_instances(count: int, limit: int) -> Rejection:
-    return Rejection(413, "TooManyInstances", f"request has {count} instances, the limit is {limit} per request")
+def json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def text_from_json(document: Any) -> str | Rejection:
+    """Pick the text out of a parsed JSON document; other fields are ignored."""
+    if not isinstance(document, Mapping):
+        return rejection.not_an_object(json_type_name(document))
+    if TEXT_FIELD not in document:
+        return rejection.missing_field(TEXT_FIELD)
+    text = document[TEXT_FIELD]
+    if not isinstance(text, str):
+        return rejection.wrong_type(TEXT_FIELD, json_type_name(text))
+    return text

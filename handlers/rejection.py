@@ -55,6 +55,19 @@ def payload_too_large(size: int, limit: int) -> Rejection:
     return Rejection(413, "PayloadTooLarge", f"body is {size} bytes, limit is {limit}")
 
 
+def invalid_unicode(index: int) -> Rejection:
+    return Rejection(400, "InvalidUnicode", f"text has an unpaired surrogate at index {index}")
+
+
+def too_many_instances(count: int, limit: int) -> Rejection:
+    return Rejection(413, "TooManyInstances", f"request has {count} instances, the limit is {limit} per request")
+
+
+def malformed_request(protocol: str, message: str) -> Rejection:
+    """A KServe body that is JSON but not the protocol's shape; `protocol` names it in the message."""
+    return Rejection(400, "MalformedRequest", f"{protocol}: {message}")
+
+
 def too_many_tokens(limit: int) -> Rejection:
     return Rejection(422, "TooManyTokens", f"text is longer than the limit of {limit} tokens")
 

@@ -1,8 +1,8 @@
 """Instance results -> the status and JSON body each request gets, in its own format. Pure and torch-free.
 
-A request is answered as a whole: 200 when every instance is served, otherwise the
-error of its first bad instance, named (`instances[2]: ...`, `inputs[0].data[3]: ...`),
-in TorchServe's error shape.
+A request is answered as a whole: 200 when every instance is served, otherwise one error
+(which one: handlers/pipeline.first_rejection), naming its instance (`instances[2]: ...`,
+`inputs[0].data[3]: ...`), in TorchServe's error shape.
 """
 
 from __future__ import annotations
@@ -34,18 +34,8 @@ class Answer:
     instance: str = ""  # which instance the error names, for the log line
 
 
-def label_names(id2label: Mapping[int, str] | None, num_labels: int) -> list[str]:
-    """Label names in class-index order; falls back to LABEL_i where the config has none."""
-    id2label = id2label or {}
-    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels)]
-
-
 def to_json(body: Mapping[str, object]) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-
-
-def error_json(reason: Rejection) -> str:
-    return to_json(reason.body())
 
 
 def prediction_body(prediction: Prediction, labels: Sequence[str]) -> dict[str, Any]:
@@ -60,21 +50,18 @@ def prediction_body(prediction: Prediction, labels: Sequence[str]) -> dict[str, 
     }
 
 
-def answer(
-    request: ParsedRequest, results: Sequence[Prediction | Rejection], labels: Sequence[str], model_name: str
+def error_answer(request: ParsedRequest, position: int | None, reason: Rejection) -> Answer:
+    """The error answer to a request, naming the instance at `position` where the format has names."""
+    name = request.instance_name(position) if position is not None else ""
+    if name:
+        reason = replace(reason, message=f"{name}: {reason.message}")
+    return Answer(reason.status, reason.body(), reason, name)
+
+
+def success_answer(
+    request: ParsedRequest, predictions: Sequence[Prediction], labels: Sequence[str], model_name: str
 ) -> Answer:
-    """The answer to one request, given a result for each of its instances (in order)."""
-    problem = request.first_problem()
-    if problem is None:
-        failed = [(p, r) for p, r in enumerate(results) if isinstance(r, Rejection)]
-        problem = failed[0] if failed else None
-    if problem is not None:
-        position, reason = problem
-        name = request.instance_name(position) if position is not None else ""
-        if name:
-            reason = replace(reason, message=f"{name}: {reason.message}")
-        return Answer(reason.status, reason.body(), reason, name)
-    predictions: list[Prediction] = list(results)  # type: ignore[arg-type] - no Rejection left
+    """The 200 answer to a request, given a prediction for each of its instances (in order)."""
     if request.protocol == KSERVE_V1:
         return Answer(200, {"predictions": [prediction_body(p, labels) for p in predictions]})
     if request.protocol == KSERVE_V2:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,14 +21,6 @@ class Encoding:
     @property
     def length(self) -> int:
         return len(self.features["input_ids"])
-
-
-@dataclass
-class PreparedBatch:
-    """What the handler's preprocess() hands to inference(): valid items only, by batch index."""
-
-    texts: dict[int, str] = field(default_factory=dict)
-    encodings: dict[int, Encoding] = field(default_factory=dict)
 
 
 def model_token_limit(tokenizer, config) -> int:

@@ -18,5 +18,5 @@ def validate_text(text: str) -> str | Rejection:
         # tokenizer would raise on them mid-batch, so they are refused here.
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return Rejection(400, "InvalidUnicode", f"text has an unpaired surrogate at index {exc.start}")
+        return rejection.invalid_unicode(exc.start)
     return text

@@ -17,17 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from handlers.loading import ONNX_FILE
+from handlers.onnx_forward import ONNX_FILE
+from tooling.onnx_export import DEFAULT_MIN_AGREEMENT, WEIGHT_FILES, export_checkpoint
 from tooling.paths import HANDLERS, MODEL_CONFIG, MODEL_STORE
 
 DEFAULT_CONFIG = MODEL_CONFIG
 BACKENDS = ("pytorch", "onnx")
-WEIGHT_FILES = (
-    "model.safetensors",
-    "pytorch_model.bin",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-)
 
 
 def write_model_config(
@@ -110,8 +105,6 @@ def build_archive(
     check_checkpoint(checkpoint)
     if backend == "pytorch":
         return pack_archive(checkpoint, name, export_path, config_file, version)
-    from tooling.onnx_export import DEFAULT_MIN_AGREEMENT, export_checkpoint
-
     with tempfile.TemporaryDirectory(prefix="onnx-checkpoint-") as tmp:
         exported = Path(tmp) / "model"
         agreement = DEFAULT_MIN_AGREEMENT if min_agreement is None else min_agreement

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from handlers.loading import ONNX_FILE
-from handlers.onnx_forward import EXPORT_METADATA_KEY
+from handlers.loading import LoadedModel, load_model
+from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE
 from handlers.options import HandlerOptions
-from tooling.archiving import WEIGHT_FILES
 
 PARITY_TOLERANCE = 1e-4
 DEFAULT_MIN_AGREEMENT = 0.99
@@ -40,6 +39,13 @@ OPSET = 18
 DEMO_STAMP = "training-stamp.json"
 # Texts per forward pass in the checks: mixed lengths in one batch, so padding and the attention mask are exercised.
 CHECK_BATCH = 8
+# The PyTorch weights a Hugging Face checkpoint may hold: an ONNX checkpoint folder leaves them out.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 
 # Fixed texts for the parity check (and agreement when no labelled set is given): short, long,
 # non-ASCII, punctuation-only and over the token cap, so every padding and truncation path is
@@ -176,48 +182,19 @@ def probabilities(forward: Callable, tokenizer, texts: Sequence[str], max_length
     return np.concatenate(rows).astype(np.float32)
 
 
-@dataclass(frozen=True)
-class _Loaded:
-    tokenizer: object
-    config: object
-    token_limit: int
-    pad_token_id: int
-    max_length: int
+def _served(checkpoint: Path, onnx_dir: Path | None = None) -> LoadedModel:
+    """The checkpoint as the handler loads it on a CPU with the default options: PyTorch, or the graph in onnx_dir."""
+    return load_model(checkpoint, HandlerOptions(), None, onnx_dir)
 
 
-def _load_reference(checkpoint: Path):
-    from transformers import AutoConfig, AutoTokenizer
-
-    from handlers.tokenization import model_token_limit
-
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-    token_limit = model_token_limit(tokenizer, config)
-    return _Loaded(
-        tokenizer, config, token_limit, tokenizer.pad_token_id or 0, min(HandlerOptions().max_length, token_limit)
-    )
-
-
-def _cpu_options() -> HandlerOptions:
-    return HandlerOptions().for_device("cpu")
-
-
-def _onnx_forward(path: Path, ref: _Loaded):
-    from handlers.onnx_forward import load_onnx_forward
-
-    return load_onnx_forward(path.parent, _cpu_options(), None, ref.pad_token_id, ref.token_limit)
-
-
-def _torch_forward(checkpoint: Path, ref: _Loaded):
-    from handlers.torch_forward import load_torch_forward
-
-    return load_torch_forward(checkpoint, _cpu_options(), None, ref.pad_token_id, ref.token_limit)
+def served_probabilities(model: LoadedModel, texts: Sequence[str]) -> np.ndarray:
+    return probabilities(model.forward, model.tokenizer, texts, model.max_length)
 
 
 # ---- export -------------------------------------------------------------------------------------------
 
 
-def _export_graph(checkpoint: Path, ref: _Loaded, path: Path) -> list[str]:
+def _export_graph(checkpoint: Path, reference: LoadedModel, path: Path) -> list[str]:
     """torch.onnx (dynamo) export of model -> softmax probabilities; returns the graph's input names."""
     import inspect
 
@@ -229,10 +206,10 @@ def _export_graph(checkpoint: Path, ref: _Loaded, path: Path) -> list[str]:
         checkpoint, local_files_only=True, attn_implementation="eager"
     ).eval()
     accepted = set(inspect.signature(model.forward).parameters)
-    example = ref.tokenizer(["an example input", "a second, longer example input text"], padding=True)
+    example = reference.tokenizer(["an example input", "a second, longer example input text"], padding=True)
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in example and name in accepted]
     # RoBERTa-style models with one token type gain nothing from token_type_ids (all zeros).
-    if "token_type_ids" in names and getattr(ref.config, "type_vocab_size", 2) < 2:
+    if "token_type_ids" in names and getattr(model.config, "type_vocab_size", 2) < 2:
         names.remove("token_type_ids")
 
     class Probabilities(torch.nn.Module):
@@ -244,7 +221,7 @@ def _export_graph(checkpoint: Path, ref: _Loaded, path: Path) -> list[str]:
             return self.model(**dict(zip(names, arrays))).logits.float().softmax(dim=-1)
 
     batch = torch.export.Dim("batch", min=1, max=4096)
-    sequence = torch.export.Dim("sequence", min=1, max=ref.token_limit)
+    sequence = torch.export.Dim("sequence", min=1, max=reference.token_limit)
     args = tuple(torch.tensor(example[name], dtype=torch.long) for name in names)
     try:
         program = torch.onnx.export(
@@ -261,7 +238,7 @@ def _export_graph(checkpoint: Path, ref: _Loaded, path: Path) -> list[str]:
         program.save(str(path))
     except Exception as exc:  # any exporter failure becomes one clear refusal
         raise ExportFailed(
-            f"{checkpoint}: torch.onnx could not export this {ref.config.model_type} model "
+            f"{checkpoint}: torch.onnx could not export this {reference.model_type} model "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); archive it with --backend pytorch"
         ) from exc
     return names
@@ -380,11 +357,9 @@ def export_checkpoint(
     """
     if quantize not in (None, *QUANTIZATIONS):
         raise ExportFailed(f"unknown quantization {quantize!r}; expected one of {QUANTIZATIONS}")
-    from handlers.responses import label_names
-
     checkpoint = Path(checkpoint).resolve()
-    ref = _load_reference(checkpoint)
-    eval_set = default_eval_set(checkpoint, eval_tsv, label_names(ref.config.id2label, ref.config.num_labels))
+    reference = _served(checkpoint)  # PyTorch: the checkpoint as the handler serves it
+    eval_set = default_eval_set(checkpoint, eval_tsv, reference.labels)
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onnx-export-") as tmp:
         work = Path(tmp)
@@ -394,18 +369,16 @@ def export_checkpoint(
         if export_cache is not None and Path(export_cache).is_file():
             shutil.copy2(export_cache, raw)
         else:
-            _export_graph(checkpoint, ref, raw)
+            _export_graph(checkpoint, reference, raw)
             if export_cache is not None:
                 shutil.copy2(raw, export_cache)
         seconds["export"] = time.perf_counter() - started
 
-        torch_forward = _torch_forward(checkpoint, ref)
         parity_texts = fixed_texts()
-        expected = probabilities(torch_forward, ref.tokenizer, parity_texts, ref.max_length)
+        expected = served_probabilities(reference, parity_texts)
 
         def check(path: Path) -> float:
-            return check_parity(expected, probabilities(_onnx_forward(path, ref), ref.tokenizer, parity_texts,
-                                                        ref.max_length))  # fmt: skip
+            return check_parity(expected, served_probabilities(_served(checkpoint, path.parent), parity_texts))
 
         parity = check(raw)
         progress(f"parity: the exported graph vs PyTorch, max |difference| {parity:.2e} on {len(parity_texts)} texts")
@@ -420,14 +393,13 @@ def export_checkpoint(
         seconds["optimize"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        forward = _onnx_forward(packed, ref)
-        reference = expected if eval_set.texts == parity_texts else None  # the fixed texts: already known
-        if reference is None:
-            reference = probabilities(torch_forward, ref.tokenizer, eval_set.texts, ref.max_length)
-        candidate = probabilities(forward, ref.tokenizer, eval_set.texts, ref.max_length)
+        packed_model = _served(checkpoint, packed.parent)
+        # The fixed texts' reference is already known.
+        truth = expected if eval_set.texts == parity_texts else served_probabilities(reference, eval_set.texts)
+        candidate = served_probabilities(packed_model, eval_set.texts)
         seconds["evaluate"] = time.perf_counter() - started
         record = ExportRecord(
-            model_type=ref.config.model_type,
+            model_type=reference.model_type,
             exporter="torch.onnx dynamo",
             opset=OPSET,
             quantization=quantize or "none",
@@ -435,9 +407,9 @@ def export_checkpoint(
             parity_max_abs_diff=parity,
             eval_set=eval_set.name,
             eval_texts=len(eval_set.texts),
-            agreement=_agreement(reference, candidate),
-            max_abs_diff=float(np.abs(reference - candidate).max()),
-            accuracy_pytorch=_accuracy(reference, eval_set.labels),
+            agreement=_agreement(truth, candidate),
+            max_abs_diff=float(np.abs(truth - candidate).max()),
+            accuracy_pytorch=_accuracy(truth, eval_set.labels),
             accuracy_onnx=_accuracy(candidate, eval_set.labels),
             min_agreement=min_agreement if quantize else None,
             fusions=fusions,

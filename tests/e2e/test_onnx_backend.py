@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.loading import ONNX_FILE
+from handlers.onnx_forward import ONNX_FILE
 from tests.answers import assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
 from tooling.archiving import build_archive, write_model_config

@@ -6,10 +6,10 @@ import pytest
 
 from handlers.decoding import Document
 from handlers.options import HandlerOptions
+from handlers.pipeline import regroup, validate
 from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, parse_request
 from handlers.rejection import Rejection
-from handlers.responses import Prediction, answer
-from handlers.validation import validate_text
+from handlers.responses import Prediction, success_answer
 from tests.kserve_cases import MALFORMED, v1, v2
 
 LIMIT = HandlerOptions().max_instances
@@ -17,13 +17,11 @@ LABELS = ("negative", "positive")
 
 
 def settle(body):
-    """parse + per-instance validation + a made-up prediction per valid instance, then the answer."""
+    """parse + the pipeline's per-instance validation + a made-up prediction per valid instance, then the answer."""
     request = parse_request(Document(body), LIMIT)
-    results = []
-    for instance in request.instances:
-        checked = instance if isinstance(instance, Rejection) else validate_text(instance)
-        results.append(checked if isinstance(checked, Rejection) else Prediction([0.25, 0.75], False))
-    return request, answer(request, results, LABELS, "bert")
+    texts, rejected = validate([request])
+    predictions = {key: Prediction([0.25, 0.75], False) for key in texts}
+    return request, regroup([request], predictions, rejected, "bert", LABELS)[0]
 
 
 def test_plain_text_and_plain_json_are_one_instance():
@@ -54,7 +52,7 @@ def test_malformed_requests_are_answered_as_a_whole(name, body, status, kind, fr
 def test_v1_answer_has_one_prediction_per_instance_in_order():
     request = parse_request(Document(v1("a", "b")), LIMIT)
     results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
-    result = answer(request, results, LABELS, "bert")
+    result = success_answer(request, results, LABELS, "bert")
     assert result.status == 200
     assert result.body == {
         "predictions": [
@@ -67,7 +65,7 @@ def test_v1_answer_has_one_prediction_per_instance_in_order():
 def test_v2_answer_is_an_open_inference_protocol_response():
     request = parse_request(Document(v2("a", "b", request_id="req-7")), LIMIT)
     results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
-    body = answer(request, results, LABELS, "bert").body
+    body = success_answer(request, results, LABELS, "bert").body
     assert body["model_name"] == "bert" and body["id"] == "req-7"
     outputs = {o["name"]: o for o in body["outputs"]}
     assert outputs["label"] == {"name": "label", "datatype": "BYTES", "shape": [2], "data": ["negative", "positive"]}
@@ -79,13 +77,14 @@ def test_v2_answer_is_an_open_inference_protocol_response():
         "data": [0.9, 0.1, 0.2, 0.8],
     }
     assert outputs["truncated"]["data"] == [False, True]
-    assert "id" not in answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, "bert").body
+    assert "id" not in success_answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, "bert").body
 
 
 def test_a_failed_instance_names_itself_and_fails_only_its_request():
     request = parse_request(Document(v2("a", "b", "c")), LIMIT)
     failed = Rejection(500, "InferenceFailed", "the model failed on this item")
-    result = answer(request, [Prediction([0.5, 0.5], False), failed, failed], LABELS, "bert")
+    predictions = {(0, 0): Prediction([0.5, 0.5], False)}
+    result = regroup([request], predictions, {(0, 1): failed, (0, 2): failed}, "bert", LABELS)[0]
     assert (result.status, result.body["type"]) == (500, "InferenceFailed")
     assert result.body["message"].startswith("inputs[0].data[1]: ")
     assert result.instance == "inputs[0].data[1]"

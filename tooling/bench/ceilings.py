@@ -9,12 +9,12 @@ handler      this project's handler through TorchServe's own Context (tooling.in
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from handlers.loading import LoadedModel, load_model
 from handlers.options import HandlerOptions
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.loadgen import percentile_ms
@@ -24,35 +24,20 @@ WARM_UP_TEXTS = 16
 UNLIMITED_TOKENS = 10**9
 
 
-def _forward_for(prepared: PreparedBackend, options: HandlerOptions, tokenizer, token_limit: int):
-    """The backend's forward pass exactly as the handler loads it (handlers/*_forward.py)."""
-    pad = tokenizer.pad_token_id or 0
-    if prepared.backend.onnx:
-        from handlers.onnx_forward import load_onnx_forward
-
-        return load_onnx_forward(prepared.model_dir, options, None, pad, token_limit)
-    from handlers.torch_forward import load_torch_forward
-
-    return load_torch_forward(prepared.model_dir, options, None, pad, token_limit)
-
-
-def _tokenizer_and_limit(model_dir: Path):
-    from transformers import AutoConfig, AutoTokenizer
-
-    from handlers.tokenization import model_token_limit
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    return tokenizer, model_token_limit(tokenizer, config)
+def _served(prepared: PreparedBackend, options: HandlerOptions) -> LoadedModel:
+    """The backend's model exactly as the handler loads it (handlers/loading.py), on the CPU."""
+    return load_model(prepared.model_dir, options, None)
 
 
 def plain_loop(prepared: PreparedBackend, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
     """Tokenize each chunk padded to its longest text, run it, take the softmax; texts/s and time per batch."""
-    tokenizer, token_limit = _tokenizer_and_limit(prepared.model_dir)
-    max_length = min(options.max_length, token_limit)
+    model = _served(prepared, options)
+    tokenizer, max_length = model.tokenizer, model.max_length
     if prepared.backend.onnx:
-        forward = _forward_for(prepared, options, tokenizer, token_limit)
-        session = forward.session
+        from handlers.onnx_forward import OnnxForward
+
+        assert isinstance(model.forward, OnnxForward)
+        session = model.forward.session
         inputs = {i.name for i in session.get_inputs()}
 
         def run(chunk: list[str]) -> None:
@@ -61,15 +46,16 @@ def plain_loop(prepared: PreparedBackend, texts: Sequence[str], batch_size: int,
 
     else:
         import torch
-        from transformers import AutoModelForSequenceClassification
 
-        torch.set_num_threads(options.cpu_threads or len(os.sched_getaffinity(0)))
-        model = AutoModelForSequenceClassification.from_pretrained(prepared.model_dir, local_files_only=True).eval()
+        from handlers.torch_forward import TorchForward
+
+        assert isinstance(model.forward, TorchForward)
+        classifier = model.forward.model
 
         def run(chunk: list[str]) -> None:
             batch = tokenizer(chunk, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
             with torch.inference_mode():
-                model(**batch).logits.softmax(-1)
+                classifier(**batch).logits.softmax(-1)
 
     for i in range(0, WARM_UP_TEXTS, batch_size):  # first runs of each shape are slow (allocators, kernels)
         run(list(texts[i : i + batch_size]))
@@ -94,16 +80,15 @@ def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, opti
     from handlers.batching import padded_tokens, plan_micro_batches
     from handlers.tokenization import encode
 
-    tokenizer, token_limit = _tokenizer_and_limit(model_dir)
-    max_length = min(options.max_length, token_limit)
+    model = load_model(model_dir, options, None)
     real = padded = passes = batches = 0
     for i in range(0, len(texts), batch_size):
-        lengths = [e.length for e in encode(tokenizer, list(texts[i : i + batch_size]), max_length)]
+        lengths = [e.length for e in encode(model.tokenizer, list(texts[i : i + batch_size]), model.max_length)]
         groups = plan_micro_batches(lengths, options.max_batch_tokens, options.pad_to_multiple_of)
         passes += len(groups)
         batches += 1
         real += sum(lengths)
-        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, token_limit)
+        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, model.token_limit)
     return {"padding_waste": padded / real, "forward_passes_per_batch": passes / batches}
 
 
@@ -182,10 +167,10 @@ def worst_batch_seconds(
     """Forward time of a full batch at the token cap through the backend's forward pass: what responseTimeout covers."""
     from handlers.tokenization import encode
 
-    tokenizer, token_limit = _tokenizer_and_limit(prepared.model_dir)
-    forward = _forward_for(prepared, options, tokenizer, token_limit)
+    model = _served(prepared, options)
+    forward = model.forward
     # Compute does not depend on which tokens: one text cut at the cap, batch_size times.
-    batch = encode(tokenizer, ["review " * (2 * tokens)] * batch_size, min(tokens, token_limit))
+    batch = encode(model.tokenizer, ["review " * (2 * tokens)] * batch_size, min(tokens, model.token_limit))
     forward(batch)  # warm-up
     times = []
     for _ in range(repeats):

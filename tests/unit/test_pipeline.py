@@ -1,0 +1,243 @@
+"""handlers/pipeline.py end to end, without a model: a word tokenizer and a numpy forward pass that fails on demand.
+
+Everything the pipeline does of its own is real here (decoding, the formats, validation, the token cap,
+the length-aware plan, bisection of a failing pass, regrouping, the answers and their precedence); only
+the tokenizer and the forward pass are stand-ins, so each test says exactly what reached the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from handlers.loading import LoadedModel
+from handlers.options import HandlerOptions
+from handlers.pipeline import answer_batch
+from handlers.tokenization import Encoding
+
+CLS, SEP = 1, 2
+POISON, OOM = "poison", "exhausted"  # words that make any forward pass holding them fail
+LABELS = ("negative", "positive")
+TOKEN_LIMIT = 16
+
+
+class WordTokenizer:
+    """One id per whitespace-separated word between [CLS] and [SEP], capped like a Hugging Face tokenizer."""
+
+    pad_token_id = 0
+
+    def __init__(self) -> None:
+        self.vocabulary: dict[str, int] = {}
+
+    def word_id(self, word: str) -> int:
+        return self.vocabulary.setdefault(word.lower(), 3 + len(self.vocabulary))
+
+    def __call__(self, texts: Sequence[str], truncation: bool, max_length: int, return_attention_mask: bool):
+        rows = []
+        for text in texts:
+            words = [self.word_id(w) for w in text.split()]
+            rows.append([CLS, *words[: max_length - 2], SEP])
+        return {"input_ids": rows}
+
+
+class FakeForward:
+    """Probabilities that depend only on an item's own ids; raises when a pass holds a poisoned word."""
+
+    description = "numpy stand-in"
+
+    def __init__(self, tokenizer: WordTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.passes: list[list[tuple[int, ...]]] = []  # the ids of every item of every pass, in call order
+
+    def alone(self, text: str, max_length: int) -> list[float]:
+        """What this forward pass says about one text on its own (its first max_length tokens)."""
+        [ids] = self.tokenizer([text], truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"]
+        return self.row(ids).tolist()
+
+    @staticmethod
+    def row(ids: Sequence[int]) -> np.ndarray:
+        positive = 1 / (1 + np.exp(-(sum(i * (k + 1) for k, i in enumerate(ids)) % 11 - 5)))
+        return np.array([1 - positive, positive], dtype=np.float32)
+
+    def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
+        ids = [tuple(e.features["input_ids"]) for e in encodings]
+        self.passes.append(ids)
+        held = {i for row in ids for i in row}
+        if self.tokenizer.vocabulary.get(OOM) in held:
+            raise MemoryError("out of memory")
+        if self.tokenizer.vocabulary.get(POISON) in held:
+            raise RuntimeError("poisoned pass")
+        return np.stack([self.row(row) for row in ids])
+
+
+def make_model(**options) -> tuple[LoadedModel, FakeForward]:
+    tokenizer = WordTokenizer()
+    tokenizer.word_id(POISON), tokenizer.word_id(OOM)
+    forward = FakeForward(tokenizer)
+    resolved = replace(HandlerOptions(max_length=8).for_device("cpu"), **options)
+    model = LoadedModel(
+        tokenizer=tokenizer,
+        forward=forward,
+        labels=LABELS,
+        options=resolved,
+        max_length=min(resolved.max_length, TOKEN_LIMIT),
+        token_limit=TOKEN_LIMIT,
+        model_type="fake",
+        backend="numpy",
+        description=forward.description,
+    )
+    return model, forward
+
+
+def poison_id(model: LoadedModel) -> int:
+    return model.tokenizer.vocabulary[POISON]
+
+
+def text(body: str) -> tuple[dict, dict]:
+    return {"body": body.encode()}, {"content-type": "text/plain"}
+
+
+def as_json(document: object) -> tuple[dict, dict]:
+    return {"body": json.dumps(document).encode()}, {"content-type": "application/json"}
+
+
+def run(model: LoadedModel, *requests: tuple[dict, dict]):
+    items, headers = zip(*requests)
+    return answer_batch(list(items), list(headers), model, "fake")
+
+
+def scores(answer) -> list[float]:
+    return [answer.body["scores"][label] for label in LABELS]
+
+
+# ---- order and isolation ------------------------------------------------------------------------------
+
+
+def test_each_request_gets_its_own_answer_in_order_across_length_sorted_micro_batches():
+    # A budget of 12 padded tokens forces several passes, grouped by length, not by arrival.
+    model, forward = make_model(max_batch_tokens=12)
+    texts = ["a much longer text of seven words", "short", "two words", "a text of five words", "one"]
+    outcome = run(model, *(text(t) for t in texts))
+    assert len(forward.passes) == outcome.forward_passes > 1
+    assert [a.status for a in outcome.answers] == [200] * len(texts)
+    for answer, sent in zip(outcome.answers, texts):
+        assert scores(answer) == pytest.approx(forward.alone(sent, model.max_length))
+
+
+def test_a_poisoned_item_is_bisected_out_and_fails_alone():
+    model, forward = make_model()
+    texts = [f"ordinary review number {i}" for i in range(8)]
+    texts[5] = "a poison pill"
+    outcome = run(model, *(text(t) for t in texts))
+    statuses = [a.status for a in outcome.answers]
+    assert statuses == [200] * 5 + [500] + [200] * 2
+    assert outcome.answers[5].body["type"] == "InferenceFailed"
+    # The whole batch ran once, failed, and was halved until the poisoned item ran alone.
+    assert len(forward.passes[0]) == 8
+    assert sorted(len(p) for p in forward.passes if poison_id(model) in {i for row in p for i in row}) == [1, 2, 4, 8]
+    assert len(forward.passes) <= 1 + 2 * 3
+    for index in (0, 4, 6):
+        assert scores(outcome.answers[index]) == pytest.approx(forward.alone(texts[index], model.max_length))
+
+
+def test_an_item_out_of_memory_alone_is_507_and_its_neighbours_are_served():
+    model, _ = make_model()
+    outcome = run(model, text("fine"), text("memory exhausted here"), text("also fine"))
+    assert [a.status for a in outcome.answers] == [200, 507, 200]
+    assert outcome.answers[1].body["type"] == "OutOfMemory"
+
+
+def test_a_request_with_a_rejected_instance_never_reaches_the_model():
+    model, forward = make_model()
+    outcome = run(model, as_json({"instances": ["   ", "poison"]}), text("fine"))
+    assert (outcome.answers[0].status, outcome.answers[0].body["type"]) == (400, "EmptyText")
+    assert outcome.answers[0].body["message"].startswith("instances[0]: ")
+    assert outcome.answers[1].status == 200
+    seen = {i for p in forward.passes for row in p for i in row}
+    assert poison_id(model) not in seen
+
+
+# ---- truncation -------------------------------------------------------------------------------------------
+
+
+def test_a_text_over_the_cap_is_cut_and_flagged():
+    model, forward = make_model()
+    long = " ".join(f"w{i}" for i in range(20))
+    outcome = run(model, text(long), text("short text"))
+    assert [a.body["truncated"] for a in outcome.answers] == [True, False]
+    assert max(len(row) for p in forward.passes for row in p) == model.max_length
+    assert scores(outcome.answers[0]) == pytest.approx(forward.alone(long, model.max_length))
+
+
+def test_under_overlength_reject_a_text_over_the_cap_is_422_alone():
+    model, forward = make_model(overlength="reject")
+    long = " ".join(f"w{i}" for i in range(20))
+    outcome = run(model, text("short text"), as_json({"instances": ["fine", long]}))
+    assert outcome.answers[0].status == 200
+    assert (outcome.answers[1].status, outcome.answers[1].body["type"]) == (422, "TooManyTokens")
+    assert outcome.answers[1].body["message"].startswith("instances[1]: ")
+    assert all(len(p) == 1 for p in forward.passes)  # only the plain request's text was run
+
+
+# ---- which error a request gets ---------------------------------------------------------------------------
+
+
+def test_an_instance_the_format_cannot_read_wins_over_an_earlier_invalid_text():
+    model, _ = make_model()
+    [answer] = run(model, as_json({"instances": ["", 5, "ok"]})).answers
+    assert (answer.status, answer.body["type"], answer.instance) == (400, "WrongType", "instances[1]")
+
+
+def test_an_invalid_text_ends_its_request_before_the_token_cap():
+    model, forward = make_model(overlength="reject")
+    long = " ".join(f"w{i}" for i in range(20))
+    [answer] = run(model, as_json({"instances": ["fine", long, ""]})).answers
+    assert (answer.body["type"], answer.instance) == ("EmptyText", "instances[2]")
+    assert forward.passes == []
+
+
+def test_among_the_model_s_failures_the_first_position_wins():
+    model, _ = make_model()
+    [answer] = run(model, as_json({"instances": ["ok", "poison", "memory exhausted"]})).answers
+    assert (answer.status, answer.body["type"], answer.instance) == (500, "InferenceFailed", "instances[1]")
+
+
+def test_a_request_level_error_wins_over_everything():
+    model, forward = make_model(max_instances=2)
+    [answer] = run(model, as_json({"instances": ["", "poison", "x"]})).answers
+    assert (answer.status, answer.body["type"]) == (413, "TooManyInstances")
+    assert forward.passes == []
+
+
+# ---- what the metrics are told, and a bug in a shared step ---------------------------------------------------
+
+
+def test_the_outcome_reports_the_plan_that_ran():
+    model, forward = make_model(max_batch_tokens=12)
+    texts = ["one two three four five six", "a", "b c"]
+    outcome = run(model, *(text(t) for t in texts))
+    lengths = [len(t.split()) + 2 for t in texts]
+    assert outcome.real_tokens == sum(lengths) == sum(len(row) for p in forward.passes for row in p)
+    assert outcome.padded_tokens == sum(len(p) * max(len(row) for row in p) for p in forward.passes)
+    assert outcome.forward_passes == len(forward.passes)
+    assert set(outcome.stage_ms) == {"validation", "tokenization", "forward", "response"}
+
+
+def test_a_failing_tokenizer_answers_500_and_keeps_earlier_answers():
+    model, forward = make_model()
+
+    def broken(*args, **kwargs):
+        raise ValueError("tokenizer bug")
+
+    model = replace(model, tokenizer=broken)
+    outcome = run(model, text("fine"), text("   "), as_json({"instances": ["a", "b"]}))
+    assert [(a.status, a.body["type"]) for a in outcome.answers] == [
+        (500, "InternalError"),
+        (400, "EmptyText"),
+        (500, "InternalError"),
+    ]
+    assert forward.passes == [] and outcome.forward_passes == 0
