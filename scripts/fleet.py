@@ -19,17 +19,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tooling.fleet import (
-    BACKEND,
-    DEFAULT_ROOT,
-    Fleet,
-    FleetError,
-    FleetSpec,
-    haproxy_command,
-    haproxy_servers,
-    read_state,
-    stop_fleet,
-)
+from tooling.fleet import DEFAULT_ROOT, Fleet, haproxy_command, haproxy_servers, read_state, stop_fleet
+from tooling.fleet_config import BACKEND, FleetError, FleetSpec
 from tooling.paths import MODEL_STORE
 
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'

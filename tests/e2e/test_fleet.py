@@ -23,7 +23,8 @@ import pytest
 import requests
 
 from tests.support import expected_alone
-from tooling.fleet import Fleet, FleetSpec, missing_system_commands, read_state
+from tooling.fleet import Fleet, missing_system_commands, read_state
+from tooling.fleet_config import FleetSpec
 from tooling.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,23 @@ def test_registration_sets_batching_through_the_management_api(torchserve, tiny_
     assert description["batchSize"] == 8
     assert description["maxBatchDelay"] == 200
     assert [w["status"] for w in description["workers"]] == ["READY"]
+
+
+def test_registration_with_only_url_and_batching_gives_one_worker_per_core(torchserve, tiny_checkpoint, make_archive):
+    """What the management API gives a model registered with url, batch_size and max_batch_delay alone:
+    the benchmark's fastest CPU layout, one worker per core, from the configuration the repository
+    ships (TorchServe 0.12 would give no worker at all without default_workers_per_model)."""
+    archive = make_archive(tiny_checkpoint, "tiny-default-workers")
+    response = torchserve.register(archive, batch_size=8, max_batch_delay=5, initial_workers=None)
+    assert response.status_code == 200, response.text
+    try:
+        [description] = torchserve.describe("tiny-default-workers")
+        cores = len(os.sched_getaffinity(0))  # what nproc prints: the cores this test, and the server, may use
+        assert len(description["workers"]) == cores
+        assert {w["status"] for w in description["workers"]} == {"READY"}
+        assert torchserve.predict("tiny-default-workers", "a text to label").status_code == 200
+    finally:
+        torchserve.unregister("tiny-default-workers")
 
 
 def test_concurrent_mixed_requests_each_get_their_own_answer(

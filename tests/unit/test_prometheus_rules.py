@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import yaml
 
-from tooling.fleet import ALERTING_RULES, RECORDING_RULES, alerting_rules
+from tooling.fleet_config import ALERTING_RULES, RECORDING_RULES, alerting_rules
 from tooling.paths import REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboard.json"

@@ -1,0 +1,66 @@
+"""The fleet's configuration as rendered by tooling/fleet_config.py, checked by the real haproxy and promtool.
+
+No process is started: `haproxy -c` and `promtool check config` read the files the fleet would run with
+(tests/e2e/test_fleet.py runs them).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tooling.fleet_config import (
+    RECORDING_RULES,
+    alerting_rules,
+    core_shares,
+    haproxy_config,
+    haproxy_timeout_server,
+    prometheus_config,
+)
+
+
+def test_replicas_get_equal_disjoint_core_shares_or_none():
+    assert core_shares(2, [3, 0, 2, 1]) == [[0, 1], [2, 3]]
+    assert core_shares(2, [0, 1, 2]) == [[0], [1]]
+    assert core_shares(3, [0, 1]) == [None, None, None]
+
+
+@pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="haproxy not installed (scripts/install_system_packages.sh)"
+)
+def test_haproxy_accepts_the_rendered_configuration(tmp_path):
+    servers = {"r0": "127.0.0.1:18080", "r1": "127.0.0.1:18081"}
+    text = haproxy_config(
+        servers=servers, front_port=18000, stats_port=18001, socket_path=tmp_path / "s.sock", response_timeout=60,
+        retries=3,
+    )  # fmt: skip
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(text)
+    check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for name, address in servers.items():
+        assert f"server {name} {address} check" in text
+    assert f"timeout server {haproxy_timeout_server(60)}s" in text and haproxy_timeout_server(60) > 60
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_accepts_the_rendered_prometheus_configuration(tmp_path):
+    alerts = tmp_path / "alerts.yaml"
+    alerts.write_text(alerting_rules({"BertReplicaDown": "5s"}))
+    text = prometheus_config(
+        replica_targets={"r0": "127.0.0.1:18082", "r1": "127.0.0.1:18083"},
+        haproxy_target="127.0.0.1:18001",
+        rule_files=[RECORDING_RULES, alerts],
+        interval_s=1,
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(text)
+    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {job["job_name"]: job["static_configs"] for job in yaml.safe_load(text)["scrape_configs"]}
+    assert [c["labels"]["replica"] for c in jobs["torchserve"]] == ["r0", "r1"]
+    shortened = {r["alert"]: r["for"] for g in yaml.safe_load(alerts.read_text())["groups"] for r in g["rules"]}
+    assert shortened["BertReplicaDown"] == "5s"
