@@ -2,6 +2,7 @@
 
     python -m scripts.benchmark                      # default run: demo model, 3 backends, ~9 min on 2 cores
     python -m scripts.benchmark --layouts 1x0,2x1    # also two one-thread workers per model (docs/benchmarks.md)
+    python -m scripts.benchmark --layouts 2x1,0x1    # ... beside a registration with no initial_workers
     python -m scripts.benchmark --model bert-base    # BERT-base-sized model (random weights, real cost)
     python -m scripts.benchmark --quick              # about a minute, checks the pipeline end to end
     python -m scripts.benchmark --worst-batch        # one full batch at the token cap per backend, and exit
@@ -85,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--layouts",
         type=parse_layouts,
         default=None,
-        help="served CPU layouts, WORKERSxTHREADS per model, e.g. 1x0,2x1 (default: 1x<--threads>, 0 = every core)",
+        help="served CPU layouts, WORKERSxTHREADS per model, e.g. 1x0,2x1 (default: 1x<--threads>; 0 threads: every "
+        "core; 0 workers: registered without initial_workers, the server's default)",
     )
     add_handler_option_argument(
         parser, "a handler option over model-config.yaml's, for the served archives and the ceilings (repeatable)"

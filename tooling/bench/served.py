@@ -39,23 +39,26 @@ def batching_settings(batch_size: int, delays: Sequence[int], one_at_a_time: boo
 
 @dataclass(frozen=True)
 class Layout:
-    """How a model's CPU is split: `workers` worker processes, each with `threads` intra-op threads (0: all cores)."""
+    """How a model's CPU is split: `workers` worker processes, each with `threads` intra-op threads (0: all cores).
+    0 workers: registered without initial_workers, so the server's default_workers_per_model decides."""
 
     workers: int
     threads: int
 
     @property
     def label(self) -> str:
-        return f"{self.workers}x{self.threads or 'all'}"
+        return f"{self.workers or 'default'}x{self.threads or 'all'}"
 
 
 def parse_layouts(value: str) -> list[Layout]:
-    """'1x0,2x1' -> one worker with every core, two workers with one thread each."""
+    """'1x0,2x1,0x1' -> one worker with every core, two workers with one thread each, the server's default
+    number of one-thread workers (a registration with only url, batch_size and max_batch_delay)."""
     layouts = []
     for item in value.split(","):
         workers, sep, threads = item.strip().partition("x")
-        if not sep or not workers.isdigit() or not threads.isdigit() or int(workers) < 1:
-            raise ValueError(f"a layout is WORKERSxTHREADS (0 threads: every core), got {item!r}")
+        if not sep or not workers.isdigit() or not threads.isdigit():
+            raise ValueError(f"a layout is WORKERSxTHREADS (0 workers: the server's default; 0 threads: every core), "
+                             f"got {item!r}")  # fmt: skip
         layouts.append(Layout(int(workers), int(threads)))
     return layouts
 
@@ -101,9 +104,10 @@ def register_all(server, models: dict[str, Registration]) -> None:
             "model_name": model,
             "batch_size": r.batching.batch_size,
             "max_batch_delay": r.batching.max_batch_delay_ms,
-            "initial_workers": r.layout.workers,
             "synchronous": "true",
         }
+        if r.layout.workers:
+            params["initial_workers"] = r.layout.workers
         response = requests.post(
             f"{server.management_url}/models", params=params, headers=server.auth("management"), timeout=600
         )
@@ -149,7 +153,8 @@ def served_cells(
                 for b in settings[p.name]
             }
             register_all(server, models)
-            progress(f"registered {len(models)} models, {layout.workers} worker(s) each")
+            workers = {model: len(server.describe(model)[0]["workers"]) for model in models}
+            progress(f"registered {len(models)} models, {sorted(set(workers.values()))} worker(s) each")
             for model, r in models.items():
                 url = f"{server.inference_url}/predictions/{model}"
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
@@ -159,7 +164,7 @@ def served_cells(
                     cell = {
                         "backend": r.backend,
                         "layout": layout.label,
-                        "workers": layout.workers,
+                        "workers": workers[model],  # as the server started them
                         "cpu_threads": layout.threads,
                         "config": r.batching.label,
                         "batch_size": r.batching.batch_size,
