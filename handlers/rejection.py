@@ -1,6 +1,7 @@
-"""The per-item error: why one item of a batch gets no prediction.
+"""The per-item error, and the catalogue of every error the service answers: each is built here.
 
-A rejection never leaves its item; neighbours in the same batch are unaffected.
+A rejection says why one item of a batch gets no prediction; it never leaves its item, and
+neighbours in the same batch are unaffected.
 The body mirrors TorchServe's own error shape so clients parse one format.
 """
 

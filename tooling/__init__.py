@@ -8,12 +8,13 @@ or installs signal handlers: errors are exceptions, entry points decide what to 
   checkpoints.py  random tiny / BERT-base / DistilBERT / RoBERTa checkpoints for tests and timing
   demo_model.py   fine-tuning the demo classifier
   archiving.py    any checkpoint -> .mar (model-config.yaml, handlers/ packed as they are)
-  torchserve.py   a private TorchServe on free loopback ports, in its own directory
+  torchserve.py   a private TorchServe on free loopback ports, in its own directory; the default worker count
   prometheus.py   reading samples from a Prometheus text endpoint
   inprocess.py    driving the handler without a server, with TorchServe's own Context
   soak.py         steady mixed traffic and worker memory over time
   onnx_export.py  checkpoint -> ONNX, parity check against PyTorch, int8 quantization and its agreement
   cluster_config.py  the cluster server configuration (KServe storage layout, Kubernetes, the fleet)
-  fleet.py        replicas behind HAProxy, watched by Prometheus, on one machine
+  fleet_config.py the fleet's configuration, rendered (HAProxy, Prometheus, core shares): pure
+  fleet.py        replicas behind HAProxy, watched by Prometheus, on one machine: the processes
   bench/          the benchmark: corpus, load generator, ceilings, served cells, targets, report
 """
