@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,8 @@ from handlers.tokenization import Encoding
 
 
 class FaultInjectingForward:
-    def __init__(self, forward, tokenizer, options: HandlerOptions) -> None:
+    def __init__(self, forward: Any, tokenizer: Any, options: HandlerOptions) -> None:
+        """`forward`: the backend's forward pass (handlers/onnx_forward.py, handlers/torch_forward.py)."""
         self._forward = forward
         self._tokenizer = tokenizer
         self._options = options
