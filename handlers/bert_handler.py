@@ -17,8 +17,9 @@ from typing import Any
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
+from handlers.fault_isolation import is_out_of_memory
 from handlers.handler_metrics import HandlerMetrics
-from handlers.loading import LoadedModel, load_model
+from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
 from handlers.responses import Answer, to_json
@@ -46,15 +47,21 @@ class BertSequenceClassifierHandler(BaseHandler):
         # The checkpoint is inside the archive; never reach for a model hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         properties = context.system_properties
-        yaml_config = getattr(context, "model_yaml_config", None) or {}
-        options = HandlerOptions.from_mapping(yaml_config.get("handler"))
-        model_dir = Path(properties.get("model_dir", ".")) / options.model_subdir
         self.manifest = context.manifest
-        served = load_model(model_dir, options, properties.get("gpu_id"))
         self.model_name = getattr(context, "model_name", None) or "model"
+        gpu_id = properties.get("gpu_id")
+        try:
+            yaml_config = getattr(context, "model_yaml_config", None) or {}
+            options = HandlerOptions.from_mapping(yaml_config.get("handler"))
+            served = load_model(Path(properties.get("model_dir", ".")) / options.model_subdir, options, gpu_id)
+            if served.options.warmup:
+                served.forward(encode(served.tokenizer, ["warm up the model"], served.max_length))
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            where = "the CPU" if gpu_id is None else f"GPU {gpu_id}"
+            raise ModelLoadFailed(f"cannot load {self.model_name} on {where}: {type(exc).__name__}: {exc}") from exc
         self.metrics = HandlerMetrics(getattr(context, "metrics", None), self.model_name)
-        if served.options.warmup:
-            served.forward(encode(served.tokenizer, ["warm up the model"], served.max_length))
         self.served = served
         self.initialized = True
         logger.info(

@@ -22,6 +22,17 @@ from handlers.tokenization import Encoding, model_token_limit
 Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
 
 
+class ModelLoadFailed(Exception):
+    """This worker cannot serve the model; the message names the cause (and its fix, where the cause does).
+
+    Deliberately not a RuntimeError: TorchServe 0.12's worker files any load-time RuntimeError whose
+    message mentions CUDA under "Load model ... cuda OOM" and answers "System out of memory", so a
+    refused ONNX archive on a GPU worker or a driver mismatch read as out-of-memory. An exception of
+    another type is logged as it is, with its traceback ("Backend worker process died."), and the
+    registration fails at once. A real out-of-memory is raised as itself.
+    """
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     tokenizer: Any

@@ -32,9 +32,10 @@ MODEL_NAME=${MODEL_NAME:-bert}
 # printed (the handler's message names the cause and the fix), not TorchServe's summary line.
 explain_load_failure() {
   local cause
-  cause=$(grep -hoE 'MODEL_LOG - [A-Za-z_.]*(Error|Exception|Failed)[A-Za-z_]*: .*' logs/model_log.log 2>/dev/null | tail -1 || true)
+  cause=$(.venv/bin/python -c 'import sys; from tooling.torchserve import load_failure_cause as cause
+print(cause(open(sys.argv[1], errors="replace").read()) or "")' logs/model_log.log 2>/dev/null || true)
   if [ -n "$cause" ]; then
-    echo "cause: ${cause#MODEL_LOG - }" >&2
+    echo "cause: $cause" >&2
   else
     echo "no exception in logs/model_log.log; TorchServe's own log is logs/ts_log.log" >&2
   fi

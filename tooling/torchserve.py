@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +33,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The final line of a traceback a worker printed, e.g. "handlers.loading.ModelLoadFailed: cannot load ...".
+_WORKER_EXCEPTION = re.compile(r"MODEL_LOG - ((?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Failed)\w*: .*)$", re.MULTILINE)
+
+
+def load_failure_cause(log_text: str) -> str | None:
+    """Why a model's workers did not start: the last exception a worker printed, as it printed it.
+
+    TorchServe answers a failed registration with "Failed to start workers" and nothing more; the cause
+    is in the worker's log (logs/model_log.log), where scripts/serve.sh reads it with this function.
+    """
+    found = _WORKER_EXCEPTION.findall(log_text)
+    return found[-1] if found else None
 
 
 def read_properties(path: Path) -> dict[str, str]:

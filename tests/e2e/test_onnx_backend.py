@@ -130,6 +130,45 @@ def test_a_gpu_worker_refuses_an_onnx_archive_without_the_cuda_provider(onnx_mod
         load_onnx_forward(onnx_model.exported, HandlerOptions().for_device("cuda"), 0, 0, 512)
 
 
+def test_torchserves_worker_reports_that_refusal_as_itself_never_as_out_of_memory(
+    onnx_model, model_store, tmp_path, monkeypatch
+):
+    """TorchServe's own worker loading the archive with a GPU assigned, as on a GPU host (its load path runs
+    in-process here; the handler sees gpu 0 and no CUDA provider, as on the H100 host without onnxruntime-gpu).
+
+    TorchServe 0.12 files a load-time RuntimeError that mentions CUDA as "cuda OOM" / "System out of memory";
+    the handler's ModelLoadFailed is of another type, so the worker dies logging the cause itself."""
+    import logging
+
+    import onnxruntime
+    from ts.model_service_worker import TorchModelServiceWorker
+
+    from handlers.loading import ModelLoadFailed
+    from handlers.onnx_forward import CUDA_PROVIDER
+    from tooling.paths import METRICS_CONFIG
+
+    if CUDA_PROVIDER in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: a GPU worker would use it")
+    unpacked = tmp_path / "unpacked"
+    zipfile.ZipFile(model_store / f"{onnx_model.name}.mar").extractall(unpacked)
+    manifest = json.loads((unpacked / "MAR-INF" / "MANIFEST.json").read_text())
+    monkeypatch.syspath_prepend(str(unpacked))  # the frontend starts each worker with the model's folder on its path
+    worker = TorchModelServiceWorker("tcp", None, "127.0.0.1", "0", str(METRICS_CONFIG), False)
+    request = {"modelPath": str(unpacked).encode(), "modelName": onnx_model.name.encode(), "gpu": 0,
+               "handler": manifest["model"]["handler"].encode(), "batchSize": 8}  # fmt: skip
+    try:
+        with pytest.raises(ModelLoadFailed) as refused:
+            logging.disable(logging.CRITICAL)  # TorchServe's loader logs at module level; only the outcome counts
+            worker.load_model(request)
+    finally:
+        logging.disable(logging.NOTSET)
+        worker.sock.close()
+    assert not isinstance(refused.value, (RuntimeError, MemoryError))  # what TorchServe's worker would catch
+    message = str(refused.value)
+    assert message.startswith(f"cannot load {onnx_model.name} on GPU 0: OnnxBackendError: ")
+    assert "onnxruntime-gpu" in message and "--backend pytorch" in message  # the fix, in the same line
+
+
 # ---- the export's refusals ----------------------------------------------------------------------
 
 

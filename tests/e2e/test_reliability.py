@@ -373,3 +373,26 @@ def test_soak_short_mode(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "failed requests: 0" in result.stdout
     assert "RSS growth" in result.stdout
+
+
+def test_a_model_that_cannot_load_fails_its_registration_at_once_and_the_log_names_why(
+    torchserve, tiny_checkpoint, make_archive
+):
+    """A worker whose load fails (here a handler option no worker accepts) ends registration with TorchServe's
+    "Failed to start workers"; the cause is the worker's own exception, which scripts/serve.sh prints."""
+    from tooling.torchserve import load_failure_cause
+
+    archive = make_archive(tiny_checkpoint, "tiny-unloadable", overlength="wrap-around")
+    started = time.monotonic()
+    response = torchserve.register(archive, batch_size=8, max_batch_delay=5)
+    waited = time.monotonic() - started
+    torchserve.unregister("tiny-unloadable")
+    assert response.status_code in (500, 507), response.text
+    assert "Failed to start workers" in response.json()["message"]
+    assert waited < 60, f"the failed registration took {waited:.0f}s"
+    cause = load_failure_cause(torchserve.log_text())
+    assert cause == (
+        "handlers.loading.ModelLoadFailed: cannot load tiny-unloadable on the CPU: ValueError: overlength must be "
+        "one of ('truncate', 'reject')"
+    ), cause
+    assert "OOM" not in "\n".join(line for line in torchserve.log_text().splitlines() if "tiny-unloadable" in line)
