@@ -261,7 +261,7 @@ def test_the_autoscaler_scales_on_rates_the_adapter_serves_from_the_recording_ru
         used = {word for word in _metric_names(rule["seriesQuery"] + " " + rule["metricsQuery"])}
         assert used, name
         assert used <= recorded, (name, used - recorded)  # only recording rules: rates, never raw counters
-    assert "instance:bert_queue_ms_per_request:rate1m" in _metric_names(
+    assert "instance:bert_queue_ms_per_request:rate3m" in _metric_names(
         rules["bert_queue_ms_per_request"]["metricsQuery"]
     )
 
@@ -274,7 +274,7 @@ def _recording_rules() -> set[str]:
 def _metric_names(query: str) -> set[str]:
     import re
 
-    return set(re.findall(r"\binstance:[a-z_]+:rate1m\b|\b[a-z_]+_total\b", query))
+    return set(re.findall(r"\binstance:[a-z_]+:rate3m\b|\b[a-z_]+_total\b", query))
 
 
 def test_every_selector_finds_the_deployment_pods():
