@@ -324,3 +324,20 @@ def test_every_selector_finds_the_deployment_pods():
         for selector in selectors:
             assert selector.items() <= labels.items(), (overlay, selector)
         assert len(by_kind(docs, "Deployment")) == 1
+
+
+def test_the_drain_counts_requests_answered_by_the_handler_or_refused_by_the_frontend():
+    """Outstanding = admitted - answered by the handler - 5xx the frontend gave alone (queue full, lost worker)."""
+    outstanding = _graceful_stop()["outstanding"]
+    text = "\n".join(
+        [
+            "# TYPE ts_inference_requests_total counter",
+            'ts_inference_requests_total{model_name="bert",model_version="default",hostname="h"} 10.0',
+            'bert_items_total{ModelName="bert",Level="Model",Hostname="h"} 6.0',
+            'Requests5XX{Level="Host",Hostname="h"} 3.0',
+            'bert_rejected_items_total{ModelName="bert",Reason="InferenceFailed",Level="Model",Hostname="h"} 1.0',
+            'bert_rejected_items_total{ModelName="bert",Reason="EmptyText",Level="Model",Hostname="h"} 2.0',
+        ]
+    )
+    assert outstanding(text) == 10 - 6 - (3 - 1)
+    assert outstanding("") == 0  # TorchServe exports a counter only once it is non-zero

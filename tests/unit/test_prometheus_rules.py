@@ -87,6 +87,15 @@ def test_every_recording_rule_exists_per_replica_and_fleet_wide():
     assert sorted(alerts) == sorted(ALERTS)
 
 
+def test_every_alert_has_a_runbook_section():
+    sections = re.findall(r"^## (\w+)$", (REPO / "docs" / "runbooks.md").read_text(), re.M)
+    for group in yaml.safe_load(ALERTING_RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            url = rule["annotations"]["runbook_url"]
+            assert url.endswith("#" + rule["alert"].lower()), url
+            assert rule["alert"] in sections
+
+
 def test_per_replica_rules_keep_the_kubernetes_labels():
     """prometheus-adapter maps a series to a pod through `namespace` and `pod`: every per-replica rule keeps them."""
     for record, expr in recording_rules().items():
