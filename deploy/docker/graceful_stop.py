@@ -39,6 +39,9 @@ import time
 import urllib.error
 import urllib.request
 
+# The readiness probe's reader, installed next to this file (/usr/local/bin, deploy/docker).
+from model_ready import read_properties
+
 # The handler's own 5xx answers (handlers/rejection.py); tests/deploy checks they match the
 # recording rule instance:bert_unavailable_per_second in deploy/prometheus/rules.yaml.
 HANDLER_5XX_REASONS = ("InferenceFailed", "OutOfMemory", "InternalError")
@@ -49,17 +52,6 @@ DEFAULT_STOP_TIMEOUT_S = 20.0
 # travel through the worker's log): give the last answers this long to be written.
 SETTLE_S = 1.0
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def read_properties(path: str) -> dict[str, str]:
-    properties = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#") and "=" in line:
-                key, value = line.split("=", 1)
-                properties[key.strip()] = value.strip()
-    return properties
 
 
 def config_path(command: list[str]) -> str | None:

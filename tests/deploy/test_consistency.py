@@ -198,8 +198,14 @@ def test_the_readiness_probe_reads_the_models_from_the_generated_configuration()
 
 def _graceful_stop() -> dict:
     import runpy
+    import sys
 
-    return runpy.run_path(str(DEPLOY / "docker" / "graceful_stop.py"))
+    # As in the image, model_ready.py sits next to it (a script's own directory is on its sys.path).
+    sys.path.insert(0, str(DEPLOY / "docker"))
+    try:
+        return runpy.run_path(str(DEPLOY / "docker" / "graceful_stop.py"))
+    finally:
+        sys.path.remove(str(DEPLOY / "docker"))
 
 
 def test_termination_covers_the_prestop_the_drain_and_the_stop():

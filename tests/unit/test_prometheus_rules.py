@@ -256,6 +256,15 @@ def counter(per_second: float, interval: int, minutes: int, missed: int | None =
     return " ".join("_" if missed == step * interval else f"{value:g}" for step, value in enumerate(samples))
 
 
+def counters(interval: int, minutes: int, missed: int | None = None) -> list[dict]:
+    """Every replica's counters of PER_SECOND as promtool input series."""
+    return [
+        {"series": series(r, metric), "values": counter(rate, interval, minutes, missed=missed)}
+        for r, metrics in PER_SECOND.items()
+        for metric, rate in metrics.items()
+    ]
+
+
 # Rules are evaluated between two scrapes, as on a real server (scrapes and evaluations are not in phase):
 # a 1 m window then holds a single sample at 60 s and rate() gives nothing.
 EVALUATION_INTERVAL = "5s"
@@ -312,11 +321,7 @@ def test_every_rule_has_values_and_every_alert_fires_at_common_scrape_intervals(
     autoscaler's two metrics have the values their formulas give, and each alert fires (and only for its cause).
     Firing times leave room for the first 3 minutes, when a rate's window is not yet full."""
     minutes = 18
-    input_series = [
-        {"series": series(r, metric), "values": counter(rate, interval, minutes)}
-        for r, metrics in PER_SECOND.items()
-        for metric, rate in metrics.items()
-    ]
+    input_series = counters(interval, minutes)
     at = between_scrapes(interval)
     input_series += up_series(interval, minutes) + hpa_series(interval, minutes)
     samples = [
@@ -389,11 +394,7 @@ def missed_scrape(interval: int, minutes: int, adapter: dict[str, str]) -> dict:
     """The scrape just before the evaluation failed: every rule and the autoscaler's metrics still have a
     value for every series they had (the values themselves then depend on rate()'s extrapolation)."""
     missed = 300
-    input_series = [
-        {"series": series(r, metric), "values": counter(rate, interval, minutes, missed=missed)}
-        for r, metrics in PER_SECOND.items()
-        for metric, rate in metrics.items()
-    ]
+    input_series = counters(interval, minutes, missed=missed)
     counts: dict[str, int] = {}
     for key in EXPECTED:
         counts[key.split("{", 1)[0]] = counts.get(key.split("{", 1)[0], 0) + 1
