@@ -213,9 +213,17 @@ def _without_payload(item: Any, headers: Mapping[str, Any] | None) -> Rejection:
     return rejection.empty_text()
 
 
-def decode_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int) -> str | Document | Rejection:
-    """One item of a TorchServe batch (its parameters, and its headers from the context) -> text or document."""
+def decode_request(
+    item: Any, headers: Mapping[str, Any] | None, max_bytes: int, as_json: bool = False
+) -> str | Document | Rejection:
+    """One item of a TorchServe batch (its parameters, and its headers from the context) -> text or document.
+
+    `as_json`: the payload is JSON whatever its Content-Type says (a KServe route; its charset still counts).
+    """
     name, value = payload_of(item)
     if name is None:
         return _without_payload(item, headers)
-    return _decode(value, payload_content_type(headers, name), max_bytes)
+    content_type = payload_content_type(headers, name)
+    if as_json:
+        content_type = ContentType("application/json", content_type.charset)
+    return _decode(value, content_type, max_bytes)

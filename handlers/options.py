@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from handlers.cpu_quota import usable_cpus
+
 OVERLENGTH_POLICIES = ("truncate", "reject")
 FAULT_KINDS = ("error", "oom")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -38,7 +40,8 @@ class HandlerOptions:
     pad_to_multiple_of: int = 0
     # Weights dtype: "auto" = float16 on CUDA, float32 on CPU.
     dtype: str = "auto"
-    # Intra-op CPU threads per worker; 0 = all cores this process may use. Both backends
+    # Intra-op CPU threads per worker; 0 = the CPUs this process may use at once: its affinity,
+    # capped by its cgroup's CPU quota (a pod's CPU limit; handlers/cpu_quota.py). Both backends
     # (PyTorch's intra-op pool and ONNX Runtime's intra_op_num_threads).
     cpu_threads: int = 0
     # ONNX Runtime only (archives holding model.onnx). Inter-op threads: 1 runs the graph's
@@ -109,4 +112,5 @@ class HandlerOptions:
             self,
             max_batch_tokens=self.max_batch_tokens or (8192 if cuda else cpu_tokens),
             pad_to_multiple_of=self.pad_to_multiple_of or (8 if cuda else 1),
+            cpu_threads=self.cpu_threads or usable_cpus(),
         )

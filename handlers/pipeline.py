@@ -21,11 +21,10 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_tokens, plan_micro_batches
-from handlers.decoding import decode_request
 from handlers.fault_isolation import run_isolating_faults
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
-from handlers.protocols import ParsedRequest, parse_request
+from handlers.protocols import ParsedRequest, read_request
 from handlers.rejection import Rejection
 from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
@@ -66,7 +65,7 @@ def read_requests(
 ) -> list[ParsedRequest]:
     """Each request's body decoded and read as its format: instances, or an error for the whole request."""
     return [
-        parse_request(decode_request(item, item_headers, options.max_bytes), options.max_instances)
+        read_request(item, item_headers, options.max_bytes, options.max_instances)
         for item, item_headers in zip(items, headers)
     ]
 

@@ -9,6 +9,10 @@ this module turns a decoded body into instances; handlers/responses.py turns ins
 results back into the one answer its request gets.
 TorchServe's own KServe envelopes are never used: they read only the first request of
 a batch (pytorch/serve #1302, #2158).
+
+The route decides before the body does (read_request): a request that came on a KServe route is
+read as v1/v2 JSON whatever its Content-Type (tritonclient.http sends none), and a body that is
+not an envelope is refused there, never answered in the /predictions format.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers import rejection
-from handlers.decoding import TEXT_FIELD, Document
+from handlers.decoding import TEXT_FIELD, Document, decode_request, payload_content_type, payload_of, request_header
 from handlers.rejection import Rejection
 
 PREDICTIONS = "predictions"
@@ -47,6 +51,57 @@ class ParsedRequest:
             if isinstance(instance, Rejection):
                 return position, instance
         return None
+
+
+# ---- the route ------------------------------------------------------------------------------------
+
+# TorchServe 0.12's frontend (InferenceRequestHandler) adds the header `explain` to the requests of
+# /predictions, /explanations and the KServe routes, and `url_path` to those of /predictions and
+# /explanations only. gRPC requests, and bare handler calls, carry neither.
+ROUTE_PREDICTIONS = "predictions"
+ROUTE_KSERVE = "kserve"  # /v1/models/NAME:predict|:explain, /v2/models/NAME/infer|/explain
+ROUTE_UNKNOWN = "unknown"
+
+
+def route_of(headers: Mapping[str, Any] | None) -> str:
+    """Which route the request came on, from the headers TorchServe's frontend adds."""
+    if request_header(headers, "url_path") is not None:
+        return ROUTE_PREDICTIONS
+    if request_header(headers, "explain") is not None:
+        return ROUTE_KSERVE
+    return ROUTE_UNKNOWN
+
+
+def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, max_instances: int) -> ParsedRequest:
+    """One item of a TorchServe batch -> its format and instances, the route first, then the body.
+
+    On /predictions (and where the route is unknown) the Content-Type says whether the body is JSON.
+    On a KServe route the body is JSON whatever it says and must be a v1 or v2 envelope. Where the
+    route is unknown, a body with no declared media type is read as an envelope only when it is a
+    well-formed one (a text to classify is never a whole v1/v2 document).
+    """
+    route = route_of(headers)
+    if route == ROUTE_KSERVE:
+        return parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+    name, _ = payload_of(item)
+    if route == ROUTE_UNKNOWN and name is not None and not payload_content_type(headers, name).media_type:
+        envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+        if envelope.error is None:
+            return envelope
+    return parse_request(decode_request(item, headers, max_bytes), max_instances)
+
+
+def parse_envelope(decoded: str | Document | Rejection, max_instances: int) -> ParsedRequest:
+    """A decoded body that must be a KServe v1 or v2 document -> its instances, or why not."""
+    if isinstance(decoded, Rejection):
+        return ParsedRequest(PREDICTIONS, error=decoded)
+    document = decoded.value if isinstance(decoded, Document) else None
+    if isinstance(document, Mapping) and "instances" in document:
+        return _kserve_v1(document["instances"], max_instances)
+    if isinstance(document, Mapping) and "inputs" in document:
+        return _kserve_v2(document, max_instances)
+    message = 'this route takes {"instances": [...]} (v1) or {"inputs": [...]} (Open Inference Protocol)'
+    return ParsedRequest(PREDICTIONS, error=rejection.malformed_request("KServe", message))
 
 
 # ---- reading --------------------------------------------------------------------------------------

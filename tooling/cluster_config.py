@@ -29,7 +29,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from tooling.paths import METRICS_CONFIG, MODEL_CONFIG, SERVER_CONFIG
+from tooling.paths import METRICS_CONFIG, MODEL_CONFIG, REPO, SERVER_CONFIG
 
 DEFAULT_ROOT = "/mnt/models"
 CONFIG_DIR = "config"
@@ -195,3 +195,54 @@ def archive_version(archive: Path) -> str:
         return str(manifest["model"]["modelVersion"])
     except (OSError, zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise NotAnArchive(f"{archive}: not a TorchServe model archive ({exc})") from exc
+
+
+# ---- the Prometheus Operator's PrometheusRule ------------------------------------------------------
+
+PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
+RULE_FILES = (PROMETHEUS_DIR / "rules.yaml", PROMETHEUS_DIR / "alerts.yaml")
+OPERATOR_RULE = REPO / "deploy" / "kubernetes" / "components" / "prometheus-operator" / "prometheusrule.yaml"
+RULE_NAME = "bert-torchserve"
+
+
+def prometheus_rule(rule_files: tuple[Path, ...] = RULE_FILES) -> dict:
+    """The PrometheusRule holding every group of the rule files, unchanged: the Operator loads rules only from these."""
+    import yaml
+
+    groups = [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": RULE_NAME, "labels": {"app.kubernetes.io/name": "bert-torchserve"}},
+        "spec": {"groups": groups},
+    }
+
+
+def render_prometheus_rule(rule_files: tuple[Path, ...] = RULE_FILES) -> str:
+    """prometheus_rule() as the YAML file the kustomize component holds (multi-line expressions as blocks)."""
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    BlockDumper.add_representer(str, text)
+    sources = ", ".join(str(path.relative_to(REPO)) for path in rule_files)
+    header = (
+        f"# Generated from {sources} by `python -m tooling.cluster_config prometheus-rule`; do not edit.\n"
+        "# Your Prometheus resource's ruleSelector must match its labels (kube-prometheus-stack: release=<release>,\n"
+        "# unless ruleSelectorNilUsesHelmValues=false): add them in your overlay.\n"
+    )
+    return header + yaml.dump(prometheus_rule(rule_files), Dumper=BlockDumper, sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["prometheus-rule"]:
+        sys.exit("usage: python -m tooling.cluster_config prometheus-rule")
+    OPERATOR_RULE.write_text(render_prometheus_rule())
+    print(f"wrote {OPERATOR_RULE.relative_to(REPO)}")

@@ -23,6 +23,8 @@ KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 OVERLAYS = ("cpu", "gpu")
+# KServe: Serverless (Knative) and RawDeployment, each a kustomization under deploy/kserve.
+KSERVE_MODES = ("serverless", "raw-deployment")
 KSERVE_GROUP = "serving.kserve.io"
 # The oldest and newest Kubernetes releases kubernetes-validate bundles schemas for.
 KUBERNETES_VERSIONS = ("1.25", "1.37")
@@ -34,16 +36,12 @@ def documents(path: Path) -> list[dict]:
 
 
 def manifest_files() -> list[Path]:
-    """Every complete manifest: the kustomize base and the KServe resources.
+    """Every complete manifest: the kustomize base, the components and the KServe resources.
 
     The overlays hold partial patches, validated through their kustomize renderings (render()).
     """
-    return sorted(
-        path
-        for root in (KUBERNETES / "base", KSERVE)
-        for path in root.rglob("*.yaml")
-        if path.name != "kustomization.yaml"
-    )
+    roots = (KUBERNETES / "base", KUBERNETES / "components", KSERVE / "serverless")
+    return sorted(path for root in roots for path in root.rglob("*.yaml") if path.name != "kustomization.yaml")
 
 
 def kubectl() -> str:
@@ -53,12 +51,18 @@ def kubectl() -> str:
 @cache
 def render(overlay: str) -> tuple[dict, ...]:
     """`kubectl kustomize` of an overlay (offline: kustomize needs no cluster)."""
+    return kustomize(KUBERNETES / "overlays" / overlay)
+
+
+@cache
+def render_kserve(mode: str) -> tuple[dict, ...]:
+    """`kubectl kustomize` of a KServe mode (KSERVE_MODES)."""
+    return kustomize(KSERVE / mode)
+
+
+def kustomize(directory: Path) -> tuple[dict, ...]:
     result = subprocess.run(
-        [kubectl(), "kustomize", str(KUBERNETES / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=True
     )
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
@@ -156,10 +160,57 @@ def validate_kserve(doc: dict) -> Any:
     return _build(KSERVE_KINDS[key], doc, doc["kind"])
 
 
+# ---- Prometheus Operator -------------------------------------------------------------------------
+
+OPERATOR_GROUP = "monitoring.coreos.com"
+# The Operator's own CustomResourceDefinitions (prometheus-operator v0.93.0,
+# example/prometheus-operator-crd/), for the kinds deploy/ uses.
+CRDS = Path(__file__).resolve().parent / "crds"
+
+
+def _strict(schema: Any) -> Any:
+    """An OpenAPI schema in which an object with declared properties admits no other field (what the
+    API server's field validation does with `kubectl apply --validate=strict`)."""
+    if isinstance(schema, dict):
+        schema = {key: _strict(value) for key, value in schema.items()}
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    return schema
+
+
+@cache
+def crd_schema(api_version: str, kind: str) -> dict:
+    group, _, version = api_version.partition("/")
+    for path in CRDS.glob("*.yaml"):
+        [crd] = documents(path)
+        if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind:
+            [served] = [v for v in crd["spec"]["versions"] if v["name"] == version]
+            return _strict(served["schema"]["openAPIV3Schema"])
+    raise LookupError(f"no CRD for {api_version} {kind} in {CRDS}")
+
+
+def validate_operator(doc: dict) -> None:
+    """Strict validation against the Operator's CRD schema; raises jsonschema's ValidationError."""
+    import jsonschema
+
+    # The schema itself is not checked against the meta-schema: its patterns are Go's RE2 syntax.
+    jsonschema.Draft202012Validator(crd_schema(doc["apiVersion"], doc["kind"])).validate(doc)
+
+
 def validate(doc: dict) -> None:
-    """Route a document to its validator: KServe's model classes or the Kubernetes schemas."""
-    if str(doc.get("apiVersion", "")).startswith(KSERVE_GROUP + "/"):
+    """Route a document to its validator: KServe's model classes, the Operator's CRDs or the Kubernetes schemas."""
+    api_version = str(doc.get("apiVersion", ""))
+    if api_version.startswith(KSERVE_GROUP + "/"):
         validate_kserve(doc)
+    elif api_version.startswith(OPERATOR_GROUP + "/"):
+        validate_operator(doc)
     else:
         validate_kubernetes(doc)
 

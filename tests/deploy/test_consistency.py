@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from tests.deploy.manifests import (
     exec_form,
     one,
     render,
+    render_kserve,
 )
 from tooling import cluster_config
 
@@ -34,7 +36,7 @@ ROOT = cluster_config.DEFAULT_ROOT
 CONFIG_PATH = f"{ROOT}/{cluster_config.CONFIG_DIR}/{cluster_config.PROPERTIES_NAME}"
 STAGES = dockerfile_stages()
 RUNTIME = STAGES["runtime"]
-[RUNTIME_DOC] = documents(KSERVE / "servingruntime.yaml")
+[RUNTIME_DOC] = documents(KSERVE / "serverless" / "servingruntime.yaml")
 [RUNTIME_CONTAINER] = RUNTIME_DOC["spec"]["containers"]
 
 
@@ -73,8 +75,9 @@ def _resolve(port, container: dict) -> int:
 
 
 def _copy_destination(source: str) -> str:
-    [destination] = [args.split()[-1] for args in _instruction(RUNTIME, "COPY") if args.split()[0] == source]
-    return destination
+    """Where the runtime stage's COPY puts `source` (into a directory: under its own name)."""
+    [destination] = [args.split()[-1] for args in _instruction(RUNTIME, "COPY") if source in args.split()[:-1]]
+    return posixpath.join(destination, posixpath.basename(source)) if destination.endswith("/") else destination
 
 
 # ---- the entry command ---------------------------------------------------------------------------
@@ -84,7 +87,7 @@ def test_the_image_and_the_serving_runtime_start_torchserve_on_the_generated_lay
     [cmd] = _instruction(RUNTIME, "CMD")
     command = exec_form(cmd)
     assert RUNTIME_CONTAINER["args"] == command
-    assert exec_form(_instruction(RUNTIME, "ENTRYPOINT")[0])[0].endswith("tini")
+    assert "command" not in RUNTIME_CONTAINER  # the image's ENTRYPOINT (graceful_stop.py) stays
     assert command[:2] == ["torchserve", "--start"]
     assert "--foreground" in command  # the container lives as long as TorchServe does
     assert "--ncs" in command  # no config snapshots next to a read-only configuration
@@ -193,16 +196,53 @@ def test_the_readiness_probe_reads_the_models_from_the_generated_configuration()
 # ---- termination, file system, user ---------------------------------------------------------------
 
 
-def test_termination_outlasts_the_response_timeout():
+def _graceful_stop() -> dict:
+    import runpy
+    import sys
+
+    # As in the image, model_ready.py sits next to it (a script's own directory is on its sys.path).
+    sys.path.insert(0, str(DEPLOY / "docker"))
+    try:
+        return runpy.run_path(str(DEPLOY / "docker" / "graceful_stop.py"))
+    finally:
+        sys.path.remove(str(DEPLOY / "docker"))
+
+
+def test_termination_covers_the_prestop_the_drain_and_the_stop():
+    """The grace period outlasts preStop + the entry command's drain (every admitted request answered,
+    at most the response timeout + margin, and its linger) + TorchServe's stop; KServe's RawDeployment
+    has no preStop (Knative forbids one in the shared ServingRuntime)."""
     response_timeout = int(GENERATED["default_response_timeout"])
     [entry] = json.loads(GENERATED["model_snapshot"])["models"]["bert"].values()
     assert entry["responseTimeout"] == response_timeout
+    stop = _graceful_stop()
+    drain = max(stop["default_drain_timeout"](GENERATED), stop["DEFAULT_LINGER_S"])
+    assert drain > response_timeout
     for overlay, deployment in _deployments().items():
         spec = deployment["spec"]["template"]["spec"]
         command = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
         assert command[0] == "sleep"
-        drain = int(command[1])
-        assert response_timeout < drain < spec["terminationGracePeriodSeconds"], overlay
+        pre_stop = int(command[1])
+        assert pre_stop + drain + stop["DEFAULT_STOP_TIMEOUT_S"] < spec["terminationGracePeriodSeconds"], overlay
+    assert "lifecycle" not in RUNTIME_CONTAINER
+    isvc = one(render_kserve("raw-deployment"), "InferenceService")
+    grace = isvc["spec"]["predictor"]["terminationGracePeriodSeconds"]
+    assert drain + stop["DEFAULT_STOP_TIMEOUT_S"] < grace
+
+
+def test_the_entry_command_drains_and_stops_on_the_generated_configuration():
+    entrypoint = exec_form(_instruction(RUNTIME, "ENTRYPOINT")[0])
+    # tini hands SIGTERM to its child only (no -g): graceful_stop.py, which drains, then stops TorchServe.
+    assert entrypoint == ["/usr/bin/tini", "--", "python3", _copy_destination("deploy/docker/graceful_stop.py"), "--"]
+    command = exec_form(_instruction(RUNTIME, "CMD")[0])
+    stop = _graceful_stop()
+    assert stop["config_path"](command) == CONFIG_PATH
+    assert stop["HANDLER_5XX_REASONS"]  # the handler's 5xx, as the recording rule counts them:
+    rules = (DEPLOY / "prometheus" / "rules.yaml").read_text()
+    [reasons] = re.findall(r'Reason=~"([^"]+)"', rules)
+    assert tuple(reasons.split("|")) == stop["HANDLER_5XX_REASONS"]
+    # Logging goes to standard output only (no rolling files in the /tmp emptyDir).
+    assert command[command.index("--log-config") + 1] == _copy_destination("deploy/docker/log4j2.xml")
 
 
 def test_the_root_file_system_is_read_only_and_everything_torchserve_writes_is_on_the_empty_dir():
@@ -261,7 +301,7 @@ def test_the_autoscaler_scales_on_rates_the_adapter_serves_from_the_recording_ru
         used = {word for word in _metric_names(rule["seriesQuery"] + " " + rule["metricsQuery"])}
         assert used, name
         assert used <= recorded, (name, used - recorded)  # only recording rules: rates, never raw counters
-    assert "instance:bert_queue_ms_per_request:rate1m" in _metric_names(
+    assert "instance:bert_queue_ms_per_request:rate3m" in _metric_names(
         rules["bert_queue_ms_per_request"]["metricsQuery"]
     )
 
@@ -274,7 +314,7 @@ def _recording_rules() -> set[str]:
 def _metric_names(query: str) -> set[str]:
     import re
 
-    return set(re.findall(r"\binstance:[a-z_]+:rate1m\b|\b[a-z_]+_total\b", query))
+    return set(re.findall(r"\binstance:[a-z_]+:rate3m\b|\b[a-z_]+_total\b", query))
 
 
 def test_every_selector_finds_the_deployment_pods():
@@ -290,3 +330,20 @@ def test_every_selector_finds_the_deployment_pods():
         for selector in selectors:
             assert selector.items() <= labels.items(), (overlay, selector)
         assert len(by_kind(docs, "Deployment")) == 1
+
+
+def test_the_drain_counts_requests_answered_by_the_handler_or_refused_by_the_frontend():
+    """Outstanding = admitted - answered by the handler - 5xx the frontend gave alone (queue full, lost worker)."""
+    outstanding = _graceful_stop()["outstanding"]
+    text = "\n".join(
+        [
+            "# TYPE ts_inference_requests_total counter",
+            'ts_inference_requests_total{model_name="bert",model_version="default",hostname="h"} 10.0',
+            'bert_items_total{ModelName="bert",Level="Model",Hostname="h"} 6.0',
+            'Requests5XX{Level="Host",Hostname="h"} 3.0',
+            'bert_rejected_items_total{ModelName="bert",Reason="InferenceFailed",Level="Model",Hostname="h"} 1.0',
+            'bert_rejected_items_total{ModelName="bert",Reason="EmptyText",Level="Model",Hostname="h"} 2.0',
+        ]
+    )
+    assert outstanding(text) == 10 - 6 - (3 - 1)
+    assert outstanding("") == 0  # TorchServe exports a counter only once it is non-zero

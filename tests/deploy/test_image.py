@@ -84,3 +84,14 @@ def test_both_bases_exist_and_the_variant_picks_one():
     }
     assert "/whl/cpu" in indexes["base-cpu"]
     assert re.search(r"/whl/cu\d+", indexes["base-cuda"])
+
+
+def test_a_pin_change_does_not_download_torch_again():
+    """torch is installed in a layer of its own before requirements.txt is copied: editing a pin
+    invalidates only the layers from that COPY on."""
+    runtime = dockerfile_stages()["runtime"]
+    steps = [(keyword, arguments) for keyword, arguments in runtime if keyword in ("RUN", "COPY")]
+    [torch_step] = [i for i, (k, a) in enumerate(steps) if k == "RUN" and '"torch==' in a]
+    [copy_step] = [i for i, (k, a) in enumerate(steps) if k == "COPY" and "requirements.txt" in a]
+    assert torch_step < copy_step
+    assert "requirements" not in steps[torch_step][1]

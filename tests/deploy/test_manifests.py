@@ -10,11 +10,13 @@ from tests.deploy.manifests import (
     DEPLOY,
     KSERVE,
     KSERVE_GROUP,
+    KSERVE_MODES,
     OVERLAYS,
     KServeSchemaError,
     documents,
     manifest_files,
     render,
+    render_kserve,
     validate,
 )
 
@@ -32,8 +34,21 @@ def test_the_deploy_tree_has_what_the_issue_asks_for():
         ("kubernetes", "NetworkPolicy"),
         ("kubernetes", "HorizontalPodAutoscaler"),
     } <= kinds
-    protocols = {doc["spec"]["predictor"]["model"]["protocolVersion"] for doc in _inference_services()}
-    assert protocols == {"v1", "v2"}
+    # One InferenceService answers both protocols (the handler reads each request's route).
+    [isvc] = _inference_services()
+    [runtime] = [doc for path in FILES for doc in documents(path) if doc["kind"] == "ServingRuntime"]
+    assert isvc["metadata"]["name"] == "bert"
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
+    assert set(runtime["spec"]["protocolVersions"]) == {"v1", "v2"}
+
+
+@pytest.mark.parametrize("mode", KSERVE_MODES)
+def test_each_kserve_mode_renders_and_every_rendered_object_validates(mode):
+    docs = render_kserve(mode)
+    kinds = {doc["kind"] for doc in docs}
+    assert {"ServingRuntime", "InferenceService"} <= kinds
+    for doc in docs:
+        validate(doc)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
@@ -61,7 +76,7 @@ def test_each_overlay_renders_and_every_rendered_object_validates(overlay):
 
 def test_the_kserve_check_is_strict():
     """The KServe validator is only worth something if it refuses what the cluster would refuse."""
-    [runtime] = documents(KSERVE / "servingruntime.yaml")
+    [runtime] = documents(KSERVE / "serverless" / "servingruntime.yaml")
     broken = []
     misspelt = copy.deepcopy(runtime)
     misspelt["spec"]["containers"][0]["readinessProbe"]["exec"]["cmd"] = ["true"]

@@ -449,10 +449,10 @@ def test_prometheus_rules_are_sane_after_the_load_and_the_replica_down_alert_fir
         return {r["metric"].get("instance", "fleet"): float(r["value"][1]) for r in fleet.query(record, at=at)}
 
     survivor = next(r.metrics_url.removeprefix("http://") for r in fleet.replicas if r.name != run.killed)
-    batch = values("instance:bert_mean_batch_size:rate1m") | values("fleet:bert_mean_batch_size:rate1m")
-    queue = values("instance:bert_queue_ms_per_request:rate1m") | values("fleet:bert_queue_ms_per_request:rate1m")
-    rps = values("fleet:bert_requests_per_second:rate1m")
-    rejected = values('fleet:bert_rejected_items_per_second:rate1m{Reason="EmptyText"}')
+    batch = values("instance:bert_mean_batch_size:rate3m") | values("fleet:bert_mean_batch_size:rate3m")
+    queue = values("instance:bert_queue_ms_per_request:rate3m") | values("fleet:bert_queue_ms_per_request:rate3m")
+    rps = values("fleet:bert_requests_per_second:rate3m")
+    rejected = values('fleet:bert_rejected_items_per_second:rate3m{Reason="EmptyText"}')
     print(f"\nafter the load: mean batch size {batch}, queue ms/request {queue}, requests/s {rps}")
     assert batch["fleet"] > 1 and batch[survivor] > 1, batch
     assert queue["fleet"] > 0 and queue[survivor] > 0, queue
@@ -490,7 +490,9 @@ def test_every_dashboard_panel_returns_data_after_traffic(fleet, failover_run):
     empty = []
     for panel in panels:
         for target in panel["targets"]:
-            if not fleet.query(target["expr"], at=failover_run.ended_at_wall):
+            # The namespace and pod variables as Grafana's "All" (allValue .*) expands them.
+            expr = target["expr"].replace("$namespace", ".*").replace("$pod", ".*")
+            if not fleet.query(expr, at=failover_run.ended_at_wall):
                 empty.append(f"{panel['title']}: {target['expr']}")
     print(
         f"\ndashboard: {sum(len(p['targets']) for p in panels)} queries over {len(panels)} panels, {len(empty)} empty"
