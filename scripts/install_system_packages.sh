@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Idempotent: installs the Debian packages the fleet needs (scripts/fleet.py, tests/e2e/test_fleet.py)
-# when one of their commands is missing: haproxy (the load balancer) and prometheus (the server and promtool).
+# when one of their commands is missing: haproxy (the load balancer) and prometheus (the server and promtool),
+# and tini, the image's PID 1, so tests/e2e/test_graceful_stop.py runs the entry command as the image does.
 # As root it installs them non-interactively; otherwise it says what to run and exits 0, so the rest of
 # the set-up still works (the fleet tests then fail in CI with the same advice, and skip elsewhere).
 # A package's postinst may start its daemon (where no policy-rc.d forbids it): the fleet runs its own
 # instances on private ports, so any haproxy/prometheus process the install started is stopped, by pid.
 set -euo pipefail
 
-PACKAGES=(haproxy prometheus)
-COMMANDS=(haproxy prometheus promtool)
+PACKAGES=(haproxy prometheus tini)
+COMMANDS=(haproxy prometheus promtool tini)
 
 missing=()
 for command in "${COMMANDS[@]}"; do
   command -v "$command" >/dev/null 2>&1 || missing+=("$command")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "==> system packages: haproxy, prometheus and promtool are installed"
+  echo "==> system packages: haproxy, prometheus, promtool and tini are installed"
   exit 0
 fi
 

@@ -161,7 +161,9 @@ def test_text_in_any_declared_charset_round_trips(text, charset, quoted):
         raw = text.encode(charset)
     except UnicodeEncodeError:
         assume(False)
-    assume(len(raw) <= LIMIT)
+    # Some codecs map two characters to one byte sequence (shift_jis: "¥" and "\\" are both 0x5c): only
+    # text the codec itself gives back can come back from the service.
+    assume(raw.decode(charset) == text and len(raw) <= LIMIT)
     content_type = f'text/plain; charset="{charset}"' if quoted else f"text/plain; charset={charset}"
     outcome = decode_and_validate(raw, content_type, LIMIT)
     expected = text.removeprefix(BOM)
