@@ -1,7 +1,10 @@
 """Build KServe's TorchServe storage layout, with the cluster configuration, from an archive.
 
     python -m scripts.kserve_layout model_store/bert.mar --out build/kserve \\
-        [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60]
+        [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60] [--gpus N]
+
+--gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 10 ms (the H100 measurement
+in docs/benchmarks.md#gpu), unless --workers, --batch-size or --max-batch-delay say otherwise.
 
 writes build/kserve/config/config.properties (+ metrics.yaml) and build/kserve/model-store/<name>.mar,
 then prints where to upload them. The work is done by tooling/cluster_config.py; this is its command line.
@@ -18,6 +21,9 @@ from tooling.cluster_config import (
     DEFAULT_MAX_BATCH_DELAY_MS,
     DEFAULT_RESPONSE_TIMEOUT_S,
     DEFAULT_ROOT,
+    GPU_BATCH_SIZE,
+    GPU_MAX_BATCH_DELAY_MS,
+    GPU_WORKERS_PER_GPU,
     NotAnArchive,
     build_kserve_layout,
 )
@@ -28,12 +34,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("archive", type=Path, help="the .mar to serve (scripts/archive_model.py builds it)")
     parser.add_argument("--out", type=Path, default=Path("build/kserve"), help="layout folder (default build/kserve)")
     parser.add_argument("--name", default="bert", help="model name in URLs (/v1/models/NAME:predict); default bert")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
-    parser.add_argument("--max-batch-delay", type=int, default=DEFAULT_MAX_BATCH_DELAY_MS, help="milliseconds")
-    parser.add_argument("--workers", type=int, default=1, help="workers per pod: 1 per GPU; on CPU, docs/batching.md")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs per pod (the gpu overlay: 1); 0 for CPU pods")
+    parser.add_argument("--batch-size", type=int, help=f"default {DEFAULT_BATCH_SIZE}, {GPU_BATCH_SIZE} with --gpus")
+    parser.add_argument(
+        "--max-batch-delay",
+        type=int,
+        help=f"milliseconds; default {DEFAULT_MAX_BATCH_DELAY_MS}, {GPU_MAX_BATCH_DELAY_MS} with --gpus",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help=f"workers per pod; default 1, {GPU_WORKERS_PER_GPU} per GPU with --gpus (CPU: docs/batching.md)",
+    )
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
     args = parser.parse_args(argv)
+    gpu = args.gpus > 0
+    if args.batch_size is None:
+        args.batch_size = GPU_BATCH_SIZE if gpu else DEFAULT_BATCH_SIZE
+    if args.max_batch_delay is None:
+        args.max_batch_delay = GPU_MAX_BATCH_DELAY_MS if gpu else DEFAULT_MAX_BATCH_DELAY_MS
+    if args.workers is None:
+        args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else 1
     if not args.archive.is_file():
         print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
         return 2
@@ -64,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\nUpload the folder as it is, so that the pod sees it at {args.root}:\n"
         f"  KServe (storageUri):  aws s3 cp --recursive {out} s3://YOUR-BUCKET/{args.name}/   "
         f"(or gsutil -m cp -r {out}/* gs://YOUR-BUCKET/{args.name}/)\n"
-        f"                        then set storageUri: s3://YOUR-BUCKET/{args.name} in deploy/kserve/*.yaml\n"
+        f"                        then set storageUri: s3://YOUR-BUCKET/{args.name} in "
+        f"deploy/kserve/serverless/inferenceservice.yaml\n"
         f"  Image (baked in):     docker build -f deploy/docker/Dockerfile{layout_arg} "
-        f"-t REGISTRY/bert-torchserve:0.1.0-cpu .\n{layout_note}"
+        f"{' --build-arg VARIANT=cuda' if gpu else ''} -t REGISTRY/bert-torchserve:0.1.0-{'cuda' if gpu else 'cpu'} .\n"
+        f"{layout_note}"
         f"  Volume (mounted):     copy {out}/ to the volume mounted at {args.root} "
         f"(and build the image with --target runtime)"
     )

@@ -48,6 +48,12 @@ ARCHIVE_VERSION = "1.0"  # scripts/archive_model.py's default --version; the sna
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_BATCH_DELAY_MS = 2
 
+# The GPU layout: the best one measured on an H100 (docs/benchmarks.md#gpu), where one worker's Python,
+# not the GPU, was the limit; scripts/serve.sh uses the same on a GPU host (tests/deploy checks they agree).
+GPU_WORKERS_PER_GPU = 8
+GPU_BATCH_SIZE = 128
+GPU_MAX_BATCH_DELAY_MS = 10
+
 # Taken unchanged from config.properties: same backpressure, same size caps, same loopback gRPC.
 SHARED_KEYS = (
     "grpc_inference_address",

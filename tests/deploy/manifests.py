@@ -271,3 +271,14 @@ def dockerfile_env(stage: list[tuple[str, str]]) -> dict[str, str]:
                 key, _, value = pair.partition("=")
                 env[key] = value
     return env
+
+
+def fake_archive(path: Path, version: str = "1.0") -> Path:
+    """A .mar with only its manifest: enough for the layout, which copies it and reads its version."""
+    import json
+    import zipfile
+
+    manifest = {"runtime": "python", "model": {"modelName": "anything", "modelVersion": version}}
+    with zipfile.ZipFile(path, "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+    return path

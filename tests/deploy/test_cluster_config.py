@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-import zipfile
-from pathlib import Path
 
 import pytest
 
 from scripts import kserve_layout
+from tests.deploy.manifests import fake_archive
 from tooling import cluster_config
 from tooling.paths import METRICS_CONFIG, SERVER_CONFIG
 from tooling.torchserve import read_properties
-
-
-def _fake_archive(path: Path, version: str = "1.0") -> Path:
-    """A .mar with only its manifest: enough for the layout, which copies it and reads its version."""
-    manifest = {"runtime": "python", "model": {"modelName": "anything", "modelVersion": version}}
-    with zipfile.ZipFile(path, "w") as mar:
-        mar.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
-    return path
 
 
 def test_the_cluster_configuration_differs_from_the_single_machine_one_only_on_purpose():
@@ -79,7 +70,7 @@ def test_the_defaults_are_the_single_machine_service_defaults():
 
 
 def test_the_layout_command_writes_what_kserve_expects(tmp_path, capsys):
-    archive = _fake_archive(tmp_path / "built.mar", version="3.0")
+    archive = fake_archive(tmp_path / "built.mar", version="3.0")
     out = tmp_path / "kserve"
     assert kserve_layout.main([str(archive), "--out", str(out), "--name", "clf", "--batch-size", "4"]) == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())

@@ -25,11 +25,14 @@ from tests.deploy.manifests import (
     dockerfile_stages,
     documents,
     exec_form,
+    fake_archive,
     one,
     render,
     render_kserve,
 )
 from tooling import cluster_config
+from tooling.paths import REPO
+from tooling.torchserve import read_properties
 
 GENERATED = cluster_config.cluster_properties()
 ROOT = cluster_config.DEFAULT_ROOT
@@ -269,12 +272,28 @@ def test_the_image_user_is_the_one_the_manifests_require():
 # ---- GPU, autoscaling, selectors ------------------------------------------------------------------
 
 
-def test_the_gpu_overlay_gives_one_gpu_per_worker():
-    [entry] = json.loads(GENERATED["model_snapshot"])["models"]["bert"].values()
-    workers = entry["minWorkers"]
-    assert entry["maxWorkers"] == workers == int(GENERATED["default_workers_per_model"])
+def test_the_gpu_overlay_runs_the_measured_workers_per_gpu(tmp_path):
+    """The gpu overlay's GPUs per pod, laid out as docs/kubernetes.md says (kserve_layout --gpus), give each GPU
+    the workers measured best (docs/benchmarks.md#gpu); serve.sh uses the same figures on a GPU host."""
+    from scripts import kserve_layout
+
     gpu = _container(_deployments()["gpu"])["resources"]
-    assert int(gpu["limits"]["nvidia.com/gpu"]) == int(gpu["requests"]["nvidia.com/gpu"]) == workers
+    gpus = int(gpu["limits"]["nvidia.com/gpu"])
+    assert gpus == int(gpu["requests"]["nvidia.com/gpu"]) >= 1
+    archive = fake_archive(tmp_path / "bert.mar")
+    assert kserve_layout.main([str(archive), "--out", str(tmp_path / "layout"), "--gpus", str(gpus)]) == 0
+    properties = read_properties(tmp_path / "layout" / "config" / "config.properties")
+    [entry] = json.loads(properties["model_snapshot"])["models"]["bert"].values()
+    workers = cluster_config.GPU_WORKERS_PER_GPU * gpus
+    assert entry["minWorkers"] == entry["maxWorkers"] == workers == int(properties["default_workers_per_model"])
+    assert (entry["batchSize"], entry["maxBatchDelay"]) == (
+        cluster_config.GPU_BATCH_SIZE,
+        cluster_config.GPU_MAX_BATCH_DELAY_MS,
+    )
+    serve_sh = (REPO / "scripts" / "serve.sh").read_text()
+    assert f"WORKERS_PER_GPU={cluster_config.GPU_WORKERS_PER_GPU}\n" in serve_sh
+    assert f"BATCH_SIZE=${{BATCH_SIZE:-{cluster_config.GPU_BATCH_SIZE}}}" in serve_sh
+    assert f"MAX_BATCH_DELAY=${{MAX_BATCH_DELAY:-{cluster_config.GPU_MAX_BATCH_DELAY_MS}}}" in serve_sh
     cpu = _container(_deployments()["cpu"])["resources"]
     assert "nvidia.com/gpu" not in cpu["limits"]
     assert cpu["requests"] == cpu["limits"]  # Guaranteed QoS: whole CPUs with the static CPU manager
