@@ -231,11 +231,12 @@ def test_int8_below_the_agreement_bar_is_refused_by_the_archive_command(tiny_che
 # How many of the held-out reviews int8 may label differently from float32. One review is 1.2 points of
 # the 84, so a bound in points is finer than the set. The demo model is retrained at set-up and its
 # weights differ between CPUs, and dynamic int8 quantizes activations per batch, so a review near the
-# boundary can change label with the CPU and with the batch it is served in. Measured over five training
-# seeds (a harsher spread than between CPUs) and six batchings each: at most 2 of 84 changed, in either
-# direction, and the default 99 % gate (no change allowed at 84) refused three of the five int8 exports.
-# Twice the worst seen; an int8 that really loses fails by far (sign-flipped scales: 41 of 84 changed).
-INT8_LABELS_ALLOWED_TO_CHANGE = 4
+# boundary can change label with the CPU and with the batch it is served in. `scripts.demo_spread` (five
+# training seeds, a harsher spread than between CPUs, and six batchings each; docs/checkpoints.md) saw at
+# most 3 of 84 change, in either direction, and the default 99 % gate (no change allowed at 84) refused
+# three of the five int8 exports. Twice the worst seen; an int8 that really loses fails by far
+# (sign-flipped scales: 41 of 84 changed).
+INT8_LABELS_ALLOWED_TO_CHANGE = 6
 
 
 def test_the_demo_models_int8_archive_keeps_its_held_out_accuracy(demo_checkpoint, torchserve, model_store):
