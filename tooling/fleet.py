@@ -205,6 +205,10 @@ class Replica:
     def host_port(self) -> str:
         return self.inference_url.removeprefix("http://")
 
+    @property
+    def management_port(self) -> int:
+        return int(self.management_url.rsplit(":", 1)[1])
+
 
 class Fleet:
     """The running fleet, owned by this object: `up()` starts it, `down()` stops exactly what it started.
@@ -416,7 +420,8 @@ class Fleet:
         config = self.dir / "haproxy.cfg"
         config.write_text(
             haproxy_config(
-                servers={replica.name: replica.host_port for replica in self.replicas},
+                servers={replica.name: (replica.host_port, replica.management_port) for replica in self.replicas},
+                model=self.spec.model_name,
                 front_port=self.front_port,
                 stats_port=self.stats_port,
                 socket_path=self.socket_path,

@@ -84,18 +84,22 @@ def haproxy_timeout_server(response_timeout: int) -> int:
 
 def haproxy_config(
     *,
-    servers: Mapping[str, str],
+    servers: Mapping[str, tuple[str, int]],
+    model: str,
     front_port: int,
     stats_port: int,
     socket_path: Path,
     response_timeout: int,
     retries: int,
 ) -> str:
-    """HAProxy's configuration for `servers` ({name: "127.0.0.1:port"}), from deploy/fleet/haproxy.cfg.template."""
+    """HAProxy's configuration from deploy/fleet/haproxy.cfg.template for `servers`, {name: (inference
+    "127.0.0.1:port", management port)}: requests go to the inference address, health checks ask the
+    management API whether every worker of `model` is READY."""
     timeout_server = haproxy_timeout_server(response_timeout)
-    lines = [f"    server {name} {address} check" for name, address in servers.items()]
+    lines = [f"    server {name} {address} check port {check_port}" for name, (address, check_port) in servers.items()]
     return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
         socket=socket_path,
+        model=model,
         front_port=front_port,
         stats_port=stats_port,
         response_timeout=response_timeout,

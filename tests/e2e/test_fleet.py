@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from tests.support import expected_alone
-from tooling.fleet import Fleet, missing_system_commands, read_state
+from tooling.fleet import Fleet, missing_system_commands, read_state, wait_for
 from tooling.fleet_config import FleetSpec
 from tooling.paths import REPO
 
@@ -329,6 +329,25 @@ def test_a_drained_replica_finishes_its_requests_and_gets_no_new_ones(healthy_fl
     assert after and all(o.replica != drained for o in after), "the drained replica received new requests"
     assert finished_there, "the drained replica's in-flight requests were not answered by it"
     assert fleet.servers()[drained]["status"] == "DRAIN"
+
+
+def test_a_replica_whose_worker_died_leaves_rotation_until_the_worker_is_ready_again(healthy_fleet, answers_alone):
+    """TorchServe's /ping stays 200 while a killed worker restarts; HAProxy's check asks the management API
+    whether every worker is READY, so the replica leaves rotation and its share goes to the other one."""
+    fleet = healthy_fleet
+    replica = fleet.replicas[0]
+    [worker] = replica.server.describe(fleet.spec.model_name)[0]["workers"]
+    os.kill(worker["pid"], signal.SIGKILL)
+    wait_for(lambda: fleet.servers()[replica.name]["status"] == "DOWN", 15, f"{replica.name} out of rotation", 0.1)
+    assert replica.server.ping().status_code == 200  # what a /ping check would have kept in rotation
+    outcomes = [requests.post(f"{fleet.front_url}/predictions/bert", data=text.encode(), timeout=30) for text in TEXTS]
+    assert [(r.status_code, r.headers.get("X-Replica")) for r in outcomes] == [(200, fleet.replicas[1].name)] * len(
+        TEXTS
+    ), "requests must go to the replica whose worker is alive"
+    for text, response in zip(TEXTS, outcomes):
+        assert response.json()["score"] == pytest.approx(answers_alone[text]["score"], abs=1e-4)
+    wait_for(lambda: fleet.servers()[replica.name]["status"] == "UP", 120, f"{replica.name} back in rotation")
+    assert replica.server.model_ready(fleet.spec.model_name)
 
 
 def test_a_hung_replica_is_taken_out_and_its_stuck_requests_are_answered(healthy_fleet, answers_alone):

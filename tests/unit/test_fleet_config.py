@@ -32,17 +32,18 @@ def test_replicas_get_equal_disjoint_core_shares_or_none():
     shutil.which("haproxy") is None, reason="haproxy not installed (scripts/install_system_packages.sh)"
 )
 def test_haproxy_accepts_the_rendered_configuration(tmp_path):
-    servers = {"r0": "127.0.0.1:18080", "r1": "127.0.0.1:18081"}
+    servers = {"r0": ("127.0.0.1:18080", 18081), "r1": ("127.0.0.1:18090", 18091)}
     text = haproxy_config(
-        servers=servers, front_port=18000, stats_port=18001, socket_path=tmp_path / "s.sock", response_timeout=60,
-        retries=3,
+        servers=servers, model="bert", front_port=18000, stats_port=18001, socket_path=tmp_path / "s.sock",
+        response_timeout=60, retries=3,
     )  # fmt: skip
     config = tmp_path / "haproxy.cfg"
     config.write_text(text)
     check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
-    for name, address in servers.items():
-        assert f"server {name} {address} check" in text
+    for name, (address, management_port) in servers.items():
+        assert f"server {name} {address} check port {management_port}" in text
+    assert "http-check send meth GET uri /models/bert" in text
     assert f"timeout server {haproxy_timeout_server(60)}s" in text and haproxy_timeout_server(60) > 60
 
 
