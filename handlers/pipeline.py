@@ -1,6 +1,7 @@
 """One TorchServe batch, answered.
 
-requests -> instances -> validation -> encoding -> plan -> forward -> regroup -> answers.
+requests -> instances -> validation -> encoding -> plan -> forward -> regroup -> answers;
+a request past its deadline (handlers/deadline.py) is answered at once, before it is read.
 
 Each step is a function that takes what the previous one returned; nothing is stored
 between batches. Every instance of every request is validated on its own; the valid
@@ -21,11 +22,12 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_tokens, plan_micro_batches
+from handlers.deadline import past_deadline
 from handlers.decoding import decode_request
 from handlers.fault_isolation import run_isolating_faults
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
-from handlers.protocols import ParsedRequest, parse_request
+from handlers.protocols import PREDICTIONS, ParsedRequest, parse_request
 from handlers.rejection import Rejection
 from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
@@ -62,13 +64,18 @@ class Plan:
 
 
 def read_requests(
-    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], options: HandlerOptions
+    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], options: HandlerOptions, now_ms: float
 ) -> list[ParsedRequest]:
-    """Each request's body decoded and read as its format: instances, or an error for the whole request."""
-    return [
-        parse_request(decode_request(item, item_headers, options.max_bytes), options.max_instances)
-        for item, item_headers in zip(items, headers)
-    ]
+    """Each request's body decoded and read as its format: instances, or an error for the whole request.
+    A request past its deadline at `now_ms` (handlers/deadline.py) is not even decoded."""
+    parsed = []
+    for item, item_headers in zip(items, headers):
+        late = past_deadline(item_headers, now_ms)
+        if late is not None:
+            parsed.append(ParsedRequest(PREDICTIONS, error=late))
+            continue
+        parsed.append(parse_request(decode_request(item, item_headers, options.max_bytes), options.max_instances))
+    return parsed
 
 
 def validate(requests: Sequence[ParsedRequest]) -> tuple[dict[InstanceKey, str], Rejected]:
@@ -188,7 +195,7 @@ def answer_batch(
 ) -> BatchOutcome:
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
-    requests = read_requests(items, headers, model.options)
+    requests = read_requests(items, headers, model.options, 1000 * time.time())
     texts, rejected = validate(requests)
     clock.lap("validation")
 
