@@ -2,6 +2,7 @@
 
     python -m scripts.kserve_layout model_store/bert.mar --out build/kserve \\
         [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60]
+        [--latency-budget-ms 1000 --throughput-rps R]   # the queue: docs/reliability.md, "Overload"
 
 writes build/kserve/config/config.properties (+ metrics.yaml) and build/kserve/model-store/<name>.mar,
 then prints where to upload them. The work is done by tooling/cluster_config.py; this is its command line.
@@ -21,6 +22,7 @@ from tooling.cluster_config import (
     NotAnArchive,
     build_kserve_layout,
 )
+from tooling.latency_budget import DEFAULT_BUDGET_MS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-delay", type=int, default=DEFAULT_MAX_BATCH_DELAY_MS, help="milliseconds")
     parser.add_argument("--workers", type=int, default=1, help="workers per pod: 1 per GPU; on CPU, docs/batching.md")
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
+    parser.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
+                        help="how long a request may wait: sets job_queue_size")  # fmt: skip
+    parser.add_argument("--throughput-rps", type=float, default=None,
+                        help="the pod's measured requests/s (default: the CPU figure per worker)")  # fmt: skip
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
     args = parser.parse_args(argv)
     if not args.archive.is_file():
@@ -46,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_delay=args.max_batch_delay,
             workers=args.workers,
             response_timeout=args.response_timeout,
+            latency_budget_ms=args.latency_budget_ms,
+            throughput_rps=args.throughput_rps,
             root=args.root,
         )
     except NotAnArchive as exc:

@@ -1,0 +1,61 @@
+"""The one overload knob, the latency budget: how long a request may wait for its answer.
+
+The operator states the budget (LATENCY_BUDGET_MS for scripts/serve.sh, --latency-budget-ms for the
+cluster configuration); everything TorchServe 0.12 needs is derived from it here, once:
+
+- job_queue_size, the frontend's per-model queue (a count): as many requests as the workers can
+  finish within the budget, so that a request admitted at the tail of a full queue is still
+  answered in time and every request beyond it is refused at once (503) instead of timing out.
+- the deadline a proxy stamps on each request it forwards (handlers/deadline.py): arrival + budget.
+
+What TorchServe 0.12 offers and this does not use, and why (docs/reliability.md, "Overload"):
+clientTimeoutInMills drops an expired request without answering it at all (the client's connection
+stays open until the client gives up) and never checks the first request of a batch;
+useJobTicket admits a request only while a worker is idle, one per idle worker, which leaves no
+queue to form batches from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The default budget: one second, measured to keep goodput at saturation under 2x and 4x overload
+# for every client whose timeout is at least that long (docs/benchmarks.md, "Overload").
+DEFAULT_BUDGET_MS = 1000
+
+# Measured throughput of the default archive at its default layout and batching, per unit of the
+# machine (docs/benchmarks.md): on CPU 180.2 req/s on 2 cores (ONNX fp32, one one-thread worker per
+# core, batch 8); on a GPU 10,714 req/s on one H100 (8 workers, batch 128). A different model or
+# machine passes its own measured figure (THROUGHPUT_RPS, --throughput-rps).
+CPU_RPS_PER_CORE = 90.0
+GPU_RPS_PER_GPU = 10_700.0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the budget gives TorchServe for one model on one server."""
+
+    budget_ms: int
+    throughput_rps: float
+    job_queue_size: int
+
+
+def machine_throughput(device: str, units: int) -> float:
+    """The measured requests/s of the default archive on `units` CPU cores (device "cpu") or GPUs ("gpu")."""
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be cpu or gpu, got {device!r}")
+    return units * (GPU_RPS_PER_GPU if device == "gpu" else CPU_RPS_PER_CORE)
+
+
+def admission(budget_ms: int, throughput_rps: float, workers: int, batch_size: int) -> Admission:
+    """The queue that keeps a full queue's last request within the budget.
+
+    Queued requests drain at the throughput; before the last admitted one starts, the batches
+    already in the workers finish, and its own batch then takes as long again: so the queue holds
+    throughput x budget less two batches per worker. At least 1: a budget shorter than two batches
+    cannot be kept, and the queue then only buffers the next batch.
+    """
+    if budget_ms <= 0 or throughput_rps <= 0 or workers < 1 or batch_size < 1:
+        raise ValueError("budget, throughput, workers and batch size must be positive")
+    queue = int(throughput_rps * budget_ms / 1000) - 2 * workers * batch_size
+    return Admission(budget_ms, throughput_rps, max(1, queue))
