@@ -29,6 +29,9 @@ RECORDED = [
     "bert_padding_waste",
     "bert_rejected_items_per_second",
     "bert_unavailable_per_second",
+    "bert_goodput_per_second",
+    "bert_deadline_exceeded_per_second",
+    "bert_shed_ratio",
 ]
 ALERTS = [
     "BertReplicaDown",
@@ -36,6 +39,7 @@ ALERTS = [
     "BertQueueFull",
     "BertRejectedItemsRising",
     "BertBatchesStuckAtSizeOne",
+    "BertSheddingSustained",
 ]
 
 
@@ -135,6 +139,7 @@ SERIES = {
     'bert_real_tokens_total{instance="a:1",job="torchserve"}': 100,
     'bert_rejected_items_total{instance="a:1",job="torchserve",Reason="EmptyText"}': 15,
     'bert_rejected_items_total{instance="a:1",job="torchserve",Reason="InferenceFailed"}': 15,
+    'bert_rejected_items_total{instance="a:1",job="torchserve",Reason="DeadlineExceeded"}': 15,
     'Requests5XX{instance="a:1",job="torchserve",Level="Host"}': 45,
 }
 EXPECTED = {  # at 5m, over the last minute
@@ -154,6 +159,17 @@ EXPECTED = {  # at 5m, over the last minute
     'instance:bert_unavailable_per_second:rate1m{instance="a:1"}': 2,
     'instance:bert_unavailable_per_second:rate1m{instance="b:1"}': 0,  # no Requests5XX exported yet
     "fleet:bert_unavailable_per_second:rate1m": 2,
+    # a is handed 4 items/s and refuses 3 (EmptyText, InferenceFailed, DeadlineExceeded): 1 answered; b 2, all answered
+    'instance:bert_goodput_per_second:rate1m{instance="a:1"}': 1,
+    'instance:bert_goodput_per_second:rate1m{instance="b:1"}': 2,
+    "fleet:bert_goodput_per_second:rate1m": 3,
+    'instance:bert_deadline_exceeded_per_second:rate1m{instance="a:1"}': 1,
+    'instance:bert_deadline_exceeded_per_second:rate1m{instance="b:1"}': 0,
+    "fleet:bert_deadline_exceeded_per_second:rate1m": 1,
+    # shed: a's 2/s of 3 requests/s (the DeadlineExceeded 503s are among its 5xx); the fleet's 2 of 9
+    'instance:bert_shed_ratio:rate1m{instance="a:1"}': 2 / 3,
+    'instance:bert_shed_ratio:rate1m{instance="b:1"}': 0,
+    "fleet:bert_shed_ratio:rate1m": 2 / 9,
 }
 
 
@@ -169,14 +185,16 @@ def expected_alert(name: str, instance: str, value: str = "", **labels: str) -> 
         r for g in yaml.safe_load(ALERTING_RULES.read_text())["groups"] for r in g["rules"] if r["alert"] == name
     )
     annotations = {
-        key: text.replace("{{ $labels.instance }}", instance).replace("{{ $value | humanize }}", value)
+        key: text.replace("{{ $labels.instance }}", instance)
+        .replace("{{ $value | humanize }}", value)
+        .replace("{{ $value | humanizePercentage }}", value)
         for key, text in rule["annotations"].items()
     }
     return {"exp_labels": {"instance": instance, **labels, **rule["labels"]}, "exp_annotations": annotations}
 
 
 def test_recording_rules_and_alerts_compute_what_they_claim(tmp_path):
-    minutes = 15
+    minutes = 20
     steps = minutes * 4
     input_series = [{"series": s, "values": f"0+{step}x{steps}"} for s, step in SERIES.items()]
     # Replica a goes down at 1m: BertReplicaDown pends for its `for:` (1m), then fires.
@@ -213,6 +231,13 @@ def test_recording_rules_and_alerts_compute_what_they_claim(tmp_path):
                     "eval_time": "12m",
                     "alertname": "BertBatchesStuckAtSizeOne",
                     "exp_alerts": [expected_alert("BertBatchesStuckAtSizeOne", "b:1")],
+                },
+                # a sheds two thirds of its requests from the first minute: pending for 15 minutes, then firing.
+                {"eval_time": "14m", "alertname": "BertSheddingSustained", "exp_alerts": []},
+                {
+                    "eval_time": "17m",
+                    "alertname": "BertSheddingSustained",
+                    "exp_alerts": [expected_alert("BertSheddingSustained", "a:1", "66.67%")],
                 },
             ],
         }
