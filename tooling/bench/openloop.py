@@ -26,12 +26,14 @@ ARRIVALS = ("constant", "poisson")
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request: its index, status (0: the client gave up; -1: a connection error), seconds, body (kept on ask)."""
+    """One request: its index, status (0: the client gave up; -1: a connection error), seconds, body (kept on ask),
+    and when it was sent (seconds after the first arrival)."""
 
     index: int
     status: int
     seconds: float
     body: bytes = b""
+    sent_at: float = 0.0
 
 
 @dataclass
@@ -85,9 +87,13 @@ def _refusal(status: int, body: bytes) -> str:
     return f"{status} {kind}".strip()
 
 
+# One request to send: its body and its own headers (Content-Type, ...), on top of the session's.
+Payload = tuple[bytes, dict]
+
+
 async def _open_loop(
-    url: str, headers: dict, texts: Sequence[str], schedule: Sequence[float], seconds: float, timeout_s: float,
-    deadline: bool, keep_bodies: bool,
+    url: str, headers: dict, payloads: Sequence[Payload], schedule: Sequence[float], seconds: float,
+    timeout_s: float, deadline: bool, keep_bodies: bool,
 ) -> OpenLoopResult:  # fmt: skip
     import aiohttp
 
@@ -99,26 +105,25 @@ async def _open_loop(
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
         async def send(i: int) -> None:
-            request_headers = {}
+            data, request_headers = payloads[i % len(payloads)]
             if deadline:
-                request_headers[DEADLINE_HEADER] = str(int(1000 * (time.time() + timeout_s)))
+                request_headers = {**request_headers, DEADLINE_HEADER: str(int(1000 * (time.time() + timeout_s)))}
             sent = time.perf_counter()
+            status, body = 0, b""
             try:
                 async with session.post(
-                    url, data=texts[i % len(texts)].encode(), headers=request_headers,
-                    timeout=aiohttp.ClientTimeout(total=timeout_s),
-                ) as response:  # fmt: skip
+                    url, data=data, headers=request_headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                ) as response:
                     body = await response.read()
                     status = response.status
             except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-                result.outcomes.append(Outcome(i, 0, time.perf_counter() - sent))
-                return
+                status = 0
             except aiohttp.ClientError:
-                result.outcomes.append(Outcome(i, -1, time.perf_counter() - sent))
-                return
-            if status != 200:
+                status = -1
+            if status > 0 and status != 200:
                 result.refused[_refusal(status, body)] += 1
-            result.outcomes.append(Outcome(i, status, time.perf_counter() - sent, body if keep_bodies else b""))
+            kept = body if keep_bodies else b""
+            result.outcomes.append(Outcome(i, status, time.perf_counter() - sent, kept, sent - start))
 
         cpu_before = cpu_seconds()
         start = time.perf_counter()
@@ -140,7 +145,17 @@ def open_loop(
     url: str, headers: dict, texts: Sequence[str], rate: float, seconds: float, timeout_s: float,
     arrivals: str = "constant", deadline: bool = False, seed: int = 0, keep_bodies: bool = False,
 ) -> OpenLoopResult:  # fmt: skip
-    """Send round(rate x seconds) requests on the schedule; every outcome, the refusals by status and type."""
+    """Send round(rate x seconds) requests on the schedule, text i % len(texts) as request i, with the session's
+    headers; every outcome, the refusals by status and type."""
+    payloads = [(text.encode(), {}) for text in texts]
+    return open_loop_payloads(url, headers, payloads, rate, seconds, timeout_s, arrivals, deadline, seed, keep_bodies)
+
+
+def open_loop_payloads(
+    url: str, headers: dict, payloads: Sequence[Payload], rate: float, seconds: float, timeout_s: float,
+    arrivals: str = "constant", deadline: bool = False, seed: int = 0, keep_bodies: bool = False,
+) -> OpenLoopResult:  # fmt: skip
+    """As open_loop, request i being payloads[i % len(payloads)]: a body with its own headers."""
     count = max(1, round(rate * seconds))
     schedule = arrival_times(rate, count, arrivals, seed)
-    return asyncio.run(_open_loop(url, headers, texts, schedule, count / rate, timeout_s, deadline, keep_bodies))
+    return asyncio.run(_open_loop(url, headers, payloads, schedule, count / rate, timeout_s, deadline, keep_bodies))
