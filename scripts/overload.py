@@ -5,11 +5,12 @@
 
 One run, one machine: the default archive (model_store/bert.mar, repacked with this checkout's
 handlers) served by private TorchServes at the landed layout (batch 8, 2 ms, one worker per core).
-First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %); then each setup (tooling/bench/overload.py:
-today's queue of 100, and each latency budget's queue with and without client deadlines) takes
-open-loop arrivals (constant and Poisson) at each multiple of it, each client giving up after its
-timeout. LitServe, serving the same model and pipeline from a venv of its own, takes the same load
-for contrast. Writes overload.json (every figure), overload.md (tables, targets) and overload.png.
+First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %);
+then each setup (tooling/bench/overload.py: today's queue of 100, and each latency budget's queue
+with and without client deadlines) takes open-loop arrivals (constant and Poisson) at each
+multiple of it, each client giving up after its timeout. LitServe, serving the same model and
+pipeline from a venv of its own, takes the same load for contrast. Writes overload.json (every
+figure), overload.md (tables, targets) and overload.png.
 """
 
 from __future__ import annotations
