@@ -16,6 +16,7 @@ figure), overload.md (tables, targets) and overload.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -99,10 +100,8 @@ def wait_idle(url: str, headers: dict, body: str, limit_s: float = 120.0) -> Non
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         started = time.monotonic()
-        try:
+        with contextlib.suppress(requests.RequestException):
             requests.post(url, data=body, headers=headers, timeout=limit_s)
-        except requests.RequestException:
-            pass
         if time.monotonic() - started < 0.2:
             return
         time.sleep(0.2)
