@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from handlers import rejection
-from handlers.batching import padded_tokens, plan_micro_batches
-from handlers.deadline import past_deadline
+from handlers.batching import padded_width, plan_micro_batches
+from handlers.deadline import late, past_deadline, read_deadline
 from handlers.decoding import decode_request
 from handlers.fault_isolation import run_isolating_faults
 from handlers.loading import LoadedModel
@@ -116,19 +116,43 @@ def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> Plan:
     """Instances of the whole batch grouped into forward passes within the padded-token budget."""
     keys = list(encodings)
     lengths = [encodings[k].length for k in keys]
-    multiple = model.options.pad_to_multiple_of
-    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, multiple)
-    return Plan(
-        groups=[[keys[position] for position in group] for group in groups],
-        real_tokens=sum(lengths),
-        padded_tokens=padded_tokens(lengths, groups, multiple, model.token_limit),
-    )
+    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, model.options.pad_to_multiple_of)
+    return passes(model, [[keys[position] for position in group] for group in groups], encodings)
+
+
+def passes(
+    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding]
+) -> Plan:
+    """The forward passes `groups` make, and the tokens they compute (real, and with padding)."""
+    groups = [list(group) for group in groups if group]
+    lengths = {key: encodings[key].length for group in groups for key in group}
+    multiple, limit = model.options.pad_to_multiple_of, model.token_limit
+    padded = sum(len(group) * padded_width(max(lengths[k] for k in group), multiple, limit) for group in groups)
+    return Plan(groups=groups, real_tokens=sum(lengths.values()), padded_tokens=padded)
+
+
+def in_time(group: Sequence[InstanceKey], deadlines: Mapping[int, float], rejected: Rejected) -> list[InstanceKey]:
+    """The group's instances whose request's deadline has not passed; the others go to `rejected`, uncomputed."""
+    if not deadlines:
+        return list(group)
+    now_ms = 1000 * time.time()
+    kept = []
+    for key in group:
+        reason = late(deadlines[key[0]], now_ms) if key[0] in deadlines else None
+        if reason is None:
+            kept.append(key)
+        else:
+            rejected[key] = reason
+    return kept
 
 
 def run_forward(
-    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding]
-) -> tuple[dict[InstanceKey, Prediction], Rejected]:
-    """One forward pass per group; a failing pass is bisected down to the instances that fail alone."""
+    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding],
+    deadlines: Mapping[int, float] | None = None,
+) -> tuple[dict[InstanceKey, Prediction], Rejected, list[list[InstanceKey]]]:  # fmt: skip
+    """One forward pass per group; a failing pass is bisected down to the instances that fail alone.
+    Before each pass, the instances whose request's deadline (by request index) has passed are dropped:
+    returns the predictions, the rejected instances, and the groups that ran."""
 
     def run(subset: Sequence[InstanceKey]):
         return model.forward([encodings[k] for k in subset])
@@ -139,13 +163,18 @@ def run_forward(
 
     predictions: dict[InstanceKey, Prediction] = {}
     rejected: Rejected = {}
-    for group in groups:
+    ran = []
+    for planned in groups:
+        group = in_time(planned, deadlines or {}, rejected)
+        if not group:
+            continue
+        ran.append(group)
         for key, row in run_isolating_faults(run, group, describe).items():
             if isinstance(row, Rejection):
                 rejected[key] = row
             else:
                 predictions[key] = Prediction(row.tolist(), encodings[key].truncated)
-    return predictions, rejected
+    return predictions, rejected, ran
 
 
 def first_rejection(request: ParsedRequest, rejected: Mapping[int, Rejection]) -> tuple[int | None, Rejection] | None:
@@ -196,6 +225,7 @@ def answer_batch(
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
     requests = read_requests(items, headers, model.options, 1000 * time.time())
+    deadlines = {r: d for r, h in enumerate(headers) if isinstance(d := read_deadline(h), float)}
     texts, rejected = validate(requests)
     clock.lap("validation")
 
@@ -207,10 +237,10 @@ def answer_batch(
         clock.lap("tokenization")
         encodings = servable(encodings, rejected)
         batch_plan = plan(model, encodings)
-        predictions, failed = run_forward(model, batch_plan.groups, encodings)
+        predictions, failed, ran = run_forward(model, batch_plan.groups, encodings, deadlines)
         rejected.update(failed)
         clock.lap("forward")
-        counted = batch_plan
+        counted = passes(model, ran, encodings)
     except Exception:
         # A bug in a shared step: requests already answered keep their answer, the rest get 500.
         logger.exception("a shared step (tokenization, planning or the forward pass) failed on a batch of %d "
