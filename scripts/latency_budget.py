@@ -1,7 +1,7 @@
 """What the latency budget gives TorchServe, printed as shell assignments to `eval` (scripts/serve.sh).
 
     eval "$(python -m scripts.latency_budget --device cpu --units 2 --workers 2 --batch-size 8 [--budget-ms 1000])"
-    # LATENCY_BUDGET_MS=1000  THROUGHPUT_RPS=180  JOB_QUEUE_SIZE=156
+    # LATENCY_BUDGET_MS=1000  THROUGHPUT_RPS=180  JOB_QUEUE_SIZE=66
 
 --throughput-rps replaces the measured figure for the device (tooling/latency_budget.py).
 """

@@ -8,15 +8,15 @@ from scripts import latency_budget
 from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
 
 
-def test_the_queue_holds_what_the_workers_finish_within_the_budget_less_one_and_a_half_batches_each():
-    # 180 req/s for 1 s is 180 requests; two workers' batches of 8 are half done, the last request's batch follows.
-    assert admission(1000, 180.0, workers=2, batch_size=8).job_queue_size == 180 - 24
-    assert admission(2000, 180.0, 2, 8).job_queue_size == 360 - 24
+def test_the_queue_holds_what_the_workers_finish_in_half_the_budget_less_one_and_a_half_batches_each():
+    # 180 req/s for half of 1 s is 90 requests; two workers' batches of 8 are half done, its own batch follows.
+    assert admission(1000, 180.0, workers=2, batch_size=8).job_queue_size == 90 - 24
+    assert admission(2000, 180.0, 2, 8).job_queue_size == 180 - 24
 
 
 def test_a_budget_too_short_still_queues_a_full_batch_per_worker():
     assert admission(50, 180.0, 2, 8).job_queue_size == 16
-    assert admission(300, 180.0, 2, 8).job_queue_size == 54 - 24
+    assert admission(300, 180.0, 2, 8).job_queue_size == 16
 
 
 def test_the_queue_grows_with_the_budget_and_the_throughput():
@@ -42,4 +42,4 @@ def test_the_command_prints_shell_assignments_for_serve_sh(capsys):
     }
     assert latency_budget.main(["--device", "cpu", "--units", "2", "--workers", "2", "--batch-size", "8",
                                 "--budget-ms", "300", "--throughput-rps", "1000"]) == 0  # fmt: skip
-    assert "JOB_QUEUE_SIZE=276" in capsys.readouterr().out
+    assert "JOB_QUEUE_SIZE=126" in capsys.readouterr().out
