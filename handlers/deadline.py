@@ -6,9 +6,10 @@ queue. The deadline therefore travels with the request: header X-Request-Deadlin
 in milliseconds after which the answer is of no use. A client sets it to its send time plus its
 own timeout; the proxy in front of the replicas can set it to the arrival time plus the latency
 budget (docs/reliability.md, "Overload"). Checked once per batch before a request's body is even
-decoded, and again before each forward pass (a batch may take several, handlers/batching.py): a
-request past its deadline gets 503 DeadlineExceeded and costs no decoding, tokenization or forward
-pass, or none after the one it missed. A request without the header has no deadline. The sender's clock
+decoded, and again before each forward pass (a batch may take several, handlers/batching.py),
+allowing for the pass the time the batch's previous one took: a request that would be answered after
+its deadline gets 503 DeadlineExceeded and costs no decoding, tokenization or forward pass, or none
+after the check it failed. A request without the header has no deadline. The sender's clock
 and this host's must agree (NTP keeps them within milliseconds; the budget is hundreds).
 """
 

@@ -131,14 +131,17 @@ def passes(
     return Plan(groups=groups, real_tokens=sum(lengths.values()), padded_tokens=padded)
 
 
-def in_time(group: Sequence[InstanceKey], deadlines: Mapping[int, float], rejected: Rejected) -> list[InstanceKey]:
-    """The group's instances whose request's deadline has not passed; the others go to `rejected`, uncomputed."""
+def in_time(
+    group: Sequence[InstanceKey], deadlines: Mapping[int, float], rejected: Rejected, pace_ms: float = 0.0
+) -> list[InstanceKey]:
+    """The group's instances whose request's deadline leaves `pace_ms` for the pass (the batch's previous pass
+    took that long); the others go to `rejected`, uncomputed: their answer would come after their deadline."""
     if not deadlines:
         return list(group)
-    now_ms = 1000 * time.time()
+    finish_ms = 1000 * time.time() + pace_ms
     kept = []
     for key in group:
-        reason = late(deadlines[key[0]], now_ms) if key[0] in deadlines else None
+        reason = late(deadlines[key[0]], finish_ms) if key[0] in deadlines else None
         if reason is None:
             kept.append(key)
         else:
@@ -151,8 +154,9 @@ def run_forward(
     deadlines: Mapping[int, float] | None = None,
 ) -> tuple[dict[InstanceKey, Prediction], Rejected, list[list[InstanceKey]]]:  # fmt: skip
     """One forward pass per group; a failing pass is bisected down to the instances that fail alone.
-    Before each pass, the instances whose request's deadline (by request index) has passed are dropped:
-    returns the predictions, the rejected instances, and the groups that ran."""
+    Before each pass, the instances whose request's deadline (by request index) would pass before the pass
+    ends, at the pace of the batch's previous pass, are dropped: returns the predictions, the rejected
+    instances, and the groups that ran."""
 
     def run(subset: Sequence[InstanceKey]):
         return model.forward([encodings[k] for k in subset])
@@ -164,12 +168,16 @@ def run_forward(
     predictions: dict[InstanceKey, Prediction] = {}
     rejected: Rejected = {}
     ran = []
+    pace_ms = 0.0  # how long the batch's previous pass took: nothing is kept from one batch to the next
     for planned in groups:
-        group = in_time(planned, deadlines or {}, rejected)
+        group = in_time(planned, deadlines or {}, rejected, pace_ms)
         if not group:
             continue
         ran.append(group)
-        for key, row in run_isolating_faults(run, group, describe).items():
+        started = time.time()
+        rows = run_isolating_faults(run, group, describe)
+        pace_ms = 1000 * (time.time() - started)
+        for key, row in rows.items():
             if isinstance(row, Rejection):
                 rejected[key] = row
             else:

@@ -93,7 +93,7 @@ def deadline_exceeded(header: str, late_ms: float) -> Rejection:
     return Rejection(
         503,
         "DeadlineExceeded",
-        f"the request's deadline ({header}) passed {late_ms:.0f} ms before the model could start on it: "
+        f"the model could not answer before the request's deadline ({header}; {late_ms:.0f} ms short): "
         "it was not computed; the service is overloaded, retry with backoff",
     )
 

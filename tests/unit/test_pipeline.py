@@ -263,7 +263,7 @@ def with_deadline(body: str, deadline_s: float) -> tuple[dict, dict]:
     return {"body": body.encode()}, {"content-type": "text/plain", "X-Request-Deadline": str(int(1000 * deadline_s))}
 
 
-def test_a_deadline_that_passes_during_an_earlier_pass_drops_its_request_before_its_own(monkeypatch):
+def test_a_request_the_batchs_pace_would_answer_after_its_deadline_is_dropped_before_its_pass(monkeypatch):
     clock = [1_800_000_000.0]
     monkeypatch.setattr(time, "time", lambda: clock[0])
     model, forward = make_model(max_batch_tokens=6)  # every text below is a pass of its own, shortest first
@@ -272,9 +272,10 @@ def test_a_deadline_that_passes_during_an_earlier_pass_drops_its_request_before_
     short, longer, longest = "a", "b c d", "one two three four"
     outcome = run(
         model,
-        with_deadline(longest, clock[0] + 150),  # runs third, at +200 s: past its deadline, never computed
-        text(short),  # no deadline: runs first
-        with_deadline(longer, clock[0] + 150),  # runs second, at +100 s: in time
+        # third: its pass would start at +200 s and, at the pace of the one before, end at +300: dropped
+        with_deadline(longest, clock[0] + 250),
+        text(short),  # no deadline: runs first, from +0 to +100 s
+        with_deadline(longer, clock[0] + 250),  # second: from +100 to +200 s, in time
         with_deadline("late already", clock[0] - 1),  # past its deadline before the batch: never even read
     )
     assert [a.status for a in outcome.answers] == [503, 200, 200, 503]
