@@ -1,6 +1,7 @@
 """One TorchServe batch, answered.
 
-requests -> instances -> validation -> encoding -> plan -> forward -> regroup -> answers.
+requests -> instances -> validation -> encoding -> plan -> forward -> regroup -> answers;
+a request past its deadline (handlers/deadline.py) is answered at once, before it is read.
 
 Each step is a function that takes what the previous one returned; nothing is stored
 between batches. Every instance of every request is validated on its own; the valid
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from handlers import rejection
-from handlers.batching import padded_tokens, plan_micro_batches
+from handlers.batching import padded_width, plan_micro_batches
+from handlers.deadline import late, past_deadline, read_deadline
 from handlers.fault_isolation import run_isolating_faults
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
-from handlers.protocols import ParsedRequest, read_request
+from handlers.protocols import PREDICTIONS, ParsedRequest, read_request
 from handlers.rejection import Rejection
 from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
@@ -61,13 +63,18 @@ class Plan:
 
 
 def read_requests(
-    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], options: HandlerOptions
+    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], options: HandlerOptions, now_ms: float
 ) -> list[ParsedRequest]:
-    """Each request's body decoded and read as its format: instances, or an error for the whole request."""
-    return [
-        read_request(item, item_headers, options.max_bytes, options.max_instances)
-        for item, item_headers in zip(items, headers)
-    ]
+    """Each request's body decoded and read as its format: instances, or an error for the whole request.
+    A request past its deadline at `now_ms` (handlers/deadline.py) is not even decoded."""
+    parsed = []
+    for item, item_headers in zip(items, headers):
+        late = past_deadline(item_headers, now_ms)
+        if late is not None:
+            parsed.append(ParsedRequest(PREDICTIONS, error=late))
+            continue
+        parsed.append(read_request(item, item_headers, options.max_bytes, options.max_instances))
+    return parsed
 
 
 def validate(requests: Sequence[ParsedRequest]) -> tuple[dict[InstanceKey, str], Rejected]:
@@ -108,19 +115,47 @@ def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> Plan:
     """Instances of the whole batch grouped into forward passes within the padded-token budget."""
     keys = list(encodings)
     lengths = [encodings[k].length for k in keys]
-    multiple = model.options.pad_to_multiple_of
-    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, multiple)
-    return Plan(
-        groups=[[keys[position] for position in group] for group in groups],
-        real_tokens=sum(lengths),
-        padded_tokens=padded_tokens(lengths, groups, multiple, model.token_limit),
-    )
+    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, model.options.pad_to_multiple_of)
+    return passes(model, [[keys[position] for position in group] for group in groups], encodings)
+
+
+def passes(
+    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding]
+) -> Plan:
+    """The forward passes `groups` make, and the tokens they compute (real, and with padding)."""
+    groups = [list(group) for group in groups if group]
+    lengths = {key: encodings[key].length for group in groups for key in group}
+    multiple, limit = model.options.pad_to_multiple_of, model.token_limit
+    padded = sum(len(group) * padded_width(max(lengths[k] for k in group), multiple, limit) for group in groups)
+    return Plan(groups=groups, real_tokens=sum(lengths.values()), padded_tokens=padded)
+
+
+def in_time(
+    group: Sequence[InstanceKey], deadlines: Mapping[int, float], rejected: Rejected, pace_ms: float = 0.0
+) -> list[InstanceKey]:
+    """The group's instances whose request's deadline leaves `pace_ms` for the pass (the batch's previous pass
+    took that long); the others go to `rejected`, uncomputed: their answer would come after their deadline."""
+    if not deadlines:
+        return list(group)
+    finish_ms = 1000 * time.time() + pace_ms
+    kept = []
+    for key in group:
+        reason = late(deadlines[key[0]], finish_ms) if key[0] in deadlines else None
+        if reason is None:
+            kept.append(key)
+        else:
+            rejected[key] = reason
+    return kept
 
 
 def run_forward(
-    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding]
-) -> tuple[dict[InstanceKey, Prediction], Rejected]:
-    """One forward pass per group; a failing pass is bisected down to the instances that fail alone."""
+    model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding],
+    deadlines: Mapping[int, float] | None = None,
+) -> tuple[dict[InstanceKey, Prediction], Rejected, list[list[InstanceKey]]]:  # fmt: skip
+    """One forward pass per group; a failing pass is bisected down to the instances that fail alone.
+    Before each pass, the instances whose request's deadline (by request index) would pass before the pass
+    ends, at the pace of the batch's previous pass, are dropped: returns the predictions, the rejected
+    instances, and the groups that ran."""
 
     def run(subset: Sequence[InstanceKey]):
         return model.forward([encodings[k] for k in subset])
@@ -131,13 +166,22 @@ def run_forward(
 
     predictions: dict[InstanceKey, Prediction] = {}
     rejected: Rejected = {}
-    for group in groups:
-        for key, row in run_isolating_faults(run, group, describe).items():
+    ran = []
+    pace_ms = 0.0  # how long the batch's previous pass took: nothing is kept from one batch to the next
+    for planned in groups:
+        group = in_time(planned, deadlines or {}, rejected, pace_ms)
+        if not group:
+            continue
+        ran.append(group)
+        started = time.time()
+        rows = run_isolating_faults(run, group, describe)
+        pace_ms = 1000 * (time.time() - started)
+        for key, row in rows.items():
             if isinstance(row, Rejection):
                 rejected[key] = row
             else:
                 predictions[key] = Prediction(row.tolist(), encodings[key].truncated)
-    return predictions, rejected
+    return predictions, rejected, ran
 
 
 def first_rejection(request: ParsedRequest, rejected: Mapping[int, Rejection]) -> tuple[int | None, Rejection] | None:
@@ -187,7 +231,8 @@ def answer_batch(
 ) -> BatchOutcome:
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
-    requests = read_requests(items, headers, model.options)
+    requests = read_requests(items, headers, model.options, 1000 * time.time())
+    deadlines = {r: d for r, h in enumerate(headers) if isinstance(d := read_deadline(h), float)}
     texts, rejected = validate(requests)
     clock.lap("validation")
 
@@ -199,10 +244,10 @@ def answer_batch(
         clock.lap("tokenization")
         encodings = servable(encodings, rejected)
         batch_plan = plan(model, encodings)
-        predictions, failed = run_forward(model, batch_plan.groups, encodings)
+        predictions, failed, ran = run_forward(model, batch_plan.groups, encodings, deadlines)
         rejected.update(failed)
         clock.lap("forward")
-        counted = batch_plan
+        counted = passes(model, ran, encodings)
     except Exception:
         # A bug in a shared step: requests already answered keep their answer, the rest get 500.
         logger.exception("a shared step (tokenization, planning or the forward pass) failed on a batch of %d "

@@ -85,6 +85,23 @@ def internal_error() -> Rejection:
     return Rejection(500, "InternalError", "the handler failed on this item")
 
 
+# ---- overload (handlers/deadline.py) --------------------------------------------------------------
+
+
+def deadline_exceeded(header: str, late_ms: float) -> Rejection:
+    """503 like the frontend's full queue: the same retry-with-backoff rule serves both."""
+    return Rejection(
+        503,
+        "DeadlineExceeded",
+        f"the model could not answer before the request's deadline ({header}; {late_ms:.0f} ms short): "
+        "it was not computed; the service is overloaded, retry with backoff",
+    )
+
+
+def invalid_deadline(header: str) -> Rejection:
+    return Rejection(400, "InvalidDeadline", f"{header} must be a Unix time in milliseconds")
+
+
 # ---- how the text was sent (handlers/decoding.py) -------------------------------------------------
 # Messages name what was received and the exact fix, never a field's value or name: with curl -d,
 # TorchServe's form parser turns the client's text itself into field names.

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tooling.fleet import DEFAULT_ROOT, Fleet, haproxy_command, haproxy_servers, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
+from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE
 
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
@@ -46,6 +47,7 @@ def up(args: argparse.Namespace) -> int:
         archive=archive.name,
         batch_size=args.batch_size,
         max_batch_delay=args.max_batch_delay,
+        latency_budget_ms=args.latency_budget_ms,
         alert_for=parse_alert_for(args.alert_for),
     )
     print(f"==> starting {spec.replicas} replicas of {archive}, HAProxy and Prometheus (files in {args.root}/fleet)")
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--archive", default="bert.mar", help="archive in the model store, or a path to one")
     start.add_argument("--batch-size", type=int, default=8)
     start.add_argument("--max-batch-delay", type=int, default=2, help="ms")
+    start.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
+                       help="how long a request may wait: each replica's queue, HAProxy's deadline")  # fmt: skip
     start.add_argument(
         "--alert-for", action="append", default=[], metavar="ALERT=DURATION", help="e.g. BertReplicaDown=10s"
     )

@@ -2,6 +2,7 @@
 
     python -m scripts.kserve_layout model_store/bert.mar --out build/kserve \\
         [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60] [--gpus N]
+        [--latency-budget-ms 1000 --throughput-rps R]   # the queue: docs/reliability.md, "Overload"
 
 --gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 10 ms (the H100 measurement
 in docs/benchmarks.md#gpu), unless --workers, --batch-size or --max-batch-delay say otherwise.
@@ -27,6 +28,7 @@ from tooling.cluster_config import (
     NotAnArchive,
     build_kserve_layout,
 )
+from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"workers per pod; default 1, {GPU_WORKERS_PER_GPU} per GPU with --gpus (CPU: docs/batching.md)",
     )
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
+    parser.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
+                        help="how long a request may wait: sets job_queue_size")  # fmt: skip
+    parser.add_argument("--throughput-rps", type=float, default=None,
+                        help="the pod's measured requests/s (default: the CPU figure per worker)")  # fmt: skip
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
     args = parser.parse_args(argv)
     gpu = args.gpus > 0
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         args.max_batch_delay = GPU_MAX_BATCH_DELAY_MS if gpu else DEFAULT_MAX_BATCH_DELAY_MS
     if args.workers is None:
         args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else 1
+    if args.throughput_rps is None and gpu:
+        args.throughput_rps = machine_throughput("gpu", args.gpus)
     if not args.archive.is_file():
         print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
         return 2
@@ -68,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_delay=args.max_batch_delay,
             workers=args.workers,
             response_timeout=args.response_timeout,
+            latency_budget_ms=args.latency_budget_ms,
+            throughput_rps=args.throughput_rps,
             root=args.root,
         )
     except NotAnArchive as exc:

@@ -9,6 +9,11 @@
 #                    server's default_workers_per_model: what a model registered later without
 #                    initial_workers gets.
 #   BERT_DEVICE      cpu|gpu forces the host's kind (default: scripts/detect_device.py decides)
+#   LATENCY_BUDGET_MS  how long a request may wait for its answer (default 1000): the one overload knob.
+#                    The queue (job_queue_size) holds what the workers finish within it; beyond, 503 at
+#                    once (docs/reliability.md, "Overload"; scripts/latency_budget.py derives it)
+#   THROUGHPUT_RPS   this host's measured requests/s for the model (default: the figure measured for
+#                    the demo archive on this kind of host, per core or per GPU)
 # The defaults are the best layouts measured: on CPU docs/benchmarks.md; on a GPU one H100 run
 # (docs/benchmarks.md, "GPU"), where one worker's Python, not the GPU, was the limit.
 set -euo pipefail
@@ -25,8 +30,14 @@ else
   BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2} WORKERS=${WORKERS:-$(nproc)}
 fi
 MODEL_NAME=${MODEL_NAME:-bert}
-# config.properties leaves default_workers_per_model to the launcher (see there): the server runs a copy with it.
-{ cat config.properties; echo "default_workers_per_model=$WORKERS"; } >logs/config.properties
+UNITS=$([ "$DEVICE" = gpu ] && echo "$GPUS" || nproc)
+eval "$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$UNITS" --workers "$WORKERS" \
+  --batch-size "$BATCH_SIZE" ${LATENCY_BUDGET_MS:+--budget-ms "$LATENCY_BUDGET_MS"} \
+  ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})"
+# config.properties leaves default_workers_per_model and job_queue_size to the launcher (see there):
+# the server runs a copy with them.
+{ cat config.properties; echo "default_workers_per_model=$WORKERS"; echo "job_queue_size=$JOB_QUEUE_SIZE"; } \
+  >logs/config.properties
 
 # Why the model's workers did not start, from the worker's own log: the last Python exception it
 # printed (the handler's message names the cause and the fix), not TorchServe's summary line.
@@ -59,6 +70,7 @@ if curl -fsS -o /dev/null -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
   echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
+  echo "    latency budget ${LATENCY_BUDGET_MS} ms at ${THROUGHPUT_RPS} req/s: job_queue_size=$JOB_QUEUE_SIZE"
   answer=$(curl -sS -w '\n%{http_code}' -X POST -H "Authorization: Bearer $MKEY" \
     "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true")
   if [ "${answer##*$'\n'}" != 200 ]; then

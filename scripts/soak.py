@@ -2,6 +2,13 @@
 
     python -m scripts.soak --minutes 30            # the full soak (not part of CI)
     python -m scripts.soak --short                 # ~1 minute, run by the test suite
+    python -m scripts.soak --minutes 60 --load 0.8 --checkpoint build/demo-model   # the issue-19 soak
+
+--load L sends the same mix open-loop (Poisson arrivals) at L x the saturation measured first
+(closed loop, 16 clients, 20 s), whatever the answers, and then checks the issue's criteria: worker
+RSS growth after warm-up under 5 %, p99 of the valid requests in the last window (a sixth of the
+run, at most 10 minutes) within 20 % of the first window's, and no request with another status than
+its expected one (nor unanswered within 60 s). The exit status says whether they held.
 
 --short exits non-zero if anything failed or worker RSS grew by more than
 --max-rss-growth-mb (default 64 MB). The traffic itself is tooling/soak.py.
@@ -18,8 +25,9 @@ import time
 from pathlib import Path
 
 from tooling.archiving import build_archive
+from tooling.bench.loadgen import percentile_ms
 from tooling.checkpoints import build_random_classifier
-from tooling.soak import drive, worker_rss_mb
+from tooling.soak import drive, drive_open_loop, worker_rss_mb
 from tooling.torchserve import TorchServe
 
 
@@ -33,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny random BERT)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
+    parser.add_argument("--load", type=float, default=0.0, help="open loop at this share of the saturation")
     parser.add_argument("--workdir", type=Path, help="where the private server keeps its files (default: a temp dir)")
     args = parser.parse_args(argv)
 
@@ -47,10 +56,23 @@ def main(argv: list[str] | None = None) -> int:
             print(response.text)
             return 1
         drive(server, "soak", 10.0, args.clients, seed=1)  # warm-up: allocator pools, caches
+        rate = 0.0
+        if args.load:
+            sent, _ = drive(server, "soak", 20.0, 16, seed=3)
+            rate = args.load * sent / 20.0
+            print(f"saturation {sent / 20.0:.1f} req/s (16 clients, closed loop): open loop at {rate:.1f} req/s")
         start_rss = worker_rss_mb(server, "soak")
-        print(f"soaking for {seconds:.0f}s with {args.clients} clients; worker RSS at start {start_rss:.1f} MB")
+        load = f"open loop at {rate:.1f} req/s" if rate else f"{args.clients} clients"
+        print(f"soaking for {seconds:.0f}s with {load}; worker RSS at start {start_rss:.1f} MB")
         outcome: list = []
-        traffic = threading.Thread(target=lambda: outcome.extend(drive(server, "soak", seconds, args.clients, seed=2)))
+
+        def traffic_run() -> None:
+            if rate:
+                outcome.extend(drive_open_loop(server, "soak", seconds, rate, seed=2))
+            else:
+                outcome.extend(drive(server, "soak", seconds, args.clients, seed=2))
+
+        traffic = threading.Thread(target=traffic_run)
         traffic.start()
         started = time.monotonic()
         # A leak grows steadily; warm-up growth levels off. Samples over time tell them apart.
@@ -58,16 +80,34 @@ def main(argv: list[str] | None = None) -> int:
             traffic.join(timeout=max(5.0, seconds / 10))
             if traffic.is_alive():
                 print(f"  t={time.monotonic() - started:5.0f}s  worker RSS {worker_rss_mb(server, 'soak'):.1f} MB")
-        sent, failures = outcome
+        sent, failures = outcome[:2]
         end_rss = worker_rss_mb(server, "soak")
     growth = end_rss - start_rss
     print(f"requests: {sent}, {sent / seconds:.1f}/s")
     print(f"failed requests: {len(failures)}" + (f" ({sorted(set(failures))[:5]})" if failures else ""))
     print(f"worker RSS: start {start_rss:.1f} MB, end {end_rss:.1f} MB, RSS growth {growth:+.1f} MB")
+    if rate:
+        return open_loop_verdict(outcome[2], seconds, failures, growth / start_rss)
     if args.short and (failures or growth > args.max_rss_growth_mb):
         print(f"FAIL: expected no failures and RSS growth under {args.max_rss_growth_mb} MB")
         return 1
     return 0
+
+
+def open_loop_verdict(latencies: list[tuple[float, float]], seconds: float, failures: list, growth: float) -> int:
+    """The issue's soak criteria: RSS growth < 5 %, last window's p99 within 20 % of the first's, no failures."""
+    window = min(600.0, seconds / 6)
+    first = percentile_ms([s for at, s in latencies if at < window], 99)
+    last = percentile_ms([s for at, s in latencies if at >= seconds - window], 99)
+    print(f"p99 of the valid requests: first {window:.0f}s {first:.1f} ms, last {window:.0f}s {last:.1f} ms")
+    held = {
+        "worker RSS growth < 5 %": growth < 0.05,
+        "last window's p99 within 20 % of the first's": last <= 1.2 * first,
+        "no failures": not failures,
+    }
+    for criterion, ok in held.items():
+        print(f"  {'PASS' if ok else 'FAIL'}: {criterion}")
+    return 0 if all(held.values()) else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ TorchServe's per-process, hourly-expiring keys, so the cluster configuration dif
 - every path absolute under `root` (/mnt/models, where KServe's storage initializer puts the
   storage layout `config/config.properties` + `model-store/<name>.mar`).
 
-Everything else (queue size, size caps, gRPC on loopback) is taken from config.properties, so the
+- the queue (job_queue_size) follows from the latency budget and the pod's throughput, as
+  scripts/serve.sh derives it on one machine (tooling/latency_budget.py).
+
+Everything else (size caps, gRPC on loopback) is taken from config.properties, so the
 two configurations agree wherever they are not different on purpose.
 """
 
@@ -29,6 +32,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
 from tooling.paths import METRICS_CONFIG, MODEL_CONFIG, REPO, SERVER_CONFIG
 
 DEFAULT_ROOT = "/mnt/models"
@@ -59,7 +63,6 @@ SHARED_KEYS = (
     "grpc_inference_address",
     "grpc_management_address",
     "allowed_urls",
-    "job_queue_size",
     "max_request_size",
     "max_response_size",
 )
@@ -79,7 +82,15 @@ def _model_config_response_timeout() -> int:
 
 
 DEFAULT_RESPONSE_TIMEOUT_S = _model_config_response_timeout()
-DEFAULT_JOB_QUEUE_SIZE = int(_single_machine_properties()["job_queue_size"])
+
+
+def derived_job_queue_size(
+    workers: int, batch_size: int, latency_budget_ms: int = DEFAULT_BUDGET_MS, throughput_rps: float | None = None
+) -> int:
+    """The queue the latency budget gives a pod (tooling/latency_budget.py): by default a CPU pod whose
+    one-thread workers each serve the throughput measured per core; a GPU pod passes its measured figure."""
+    throughput = throughput_rps or machine_throughput("cpu", workers)
+    return admission(latency_budget_ms, throughput, workers, batch_size).job_queue_size
 
 
 def model_snapshot(
@@ -120,10 +131,16 @@ def cluster_properties(
     metrics_address: str = "http://0.0.0.0:8082",
     grpc_inference_port: int = 7070,
     grpc_management_port: int = 7071,
-    job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE,
+    job_queue_size: int | None = None,
+    latency_budget_ms: int = DEFAULT_BUDGET_MS,
+    throughput_rps: float | None = None,
     version: str = ARCHIVE_VERSION,
 ) -> dict[str, str]:
-    """The cluster server properties, in the order they are written (see the module docstring for why each)."""
+    """The cluster server properties, in the order they are written (see the module docstring for why each).
+
+    job_queue_size None: derived from the latency budget and the throughput (derived_job_queue_size)."""
+    if job_queue_size is None:
+        job_queue_size = derived_job_queue_size(workers, batch_size, latency_budget_ms, throughput_rps)
     archive = archive or f"{model_name}.mar"
     shared = _single_machine_properties()
     root = root.rstrip("/")  # "/mnt/models/" and "/mnt/models" give the same paths

@@ -320,6 +320,7 @@ class Fleet:
             "batch_size": self.spec.batch_size,
             "max_batch_delay": self.spec.max_batch_delay,
             "workers": self.spec.workers,
+            "latency_budget_ms": self.spec.latency_budget_ms,
         }
         if self.spec.job_queue_size is not None:
             options["job_queue_size"] = self.spec.job_queue_size
@@ -427,6 +428,7 @@ class Fleet:
                 socket_path=self.socket_path,
                 response_timeout=self.response_timeout,
                 retries=self.spec.retries,
+                latency_budget_ms=self.spec.latency_budget_ms,
             )
         )
         check = subprocess.run(["haproxy", "-c", "-q", "-f", str(config)], capture_output=True, text=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REPO
 
 DEPLOY = REPO / "deploy"
@@ -45,7 +46,8 @@ class FleetSpec:
     batch_size: int = 8
     max_batch_delay: int = 2
     workers: int = 1
-    job_queue_size: int | None = None  # None: the cluster configuration's default
+    job_queue_size: int | None = None  # None: the cluster configuration's, from the latency budget
+    latency_budget_ms: int = DEFAULT_BUDGET_MS  # each replica's queue, and HAProxy's deadline on each request
     retries: int = 3  # HAProxy: attempts after the first, each on another replica
     scrape_interval_s: int = 1  # short, so a test sees a replica down within seconds
     alert_for: Mapping[str, str] = field(default_factory=dict)  # alert name -> `for:` (e.g. shorter in tests)
@@ -91,10 +93,12 @@ def haproxy_config(
     socket_path: Path,
     response_timeout: int,
     retries: int,
+    latency_budget_ms: int = DEFAULT_BUDGET_MS,
 ) -> str:
     """HAProxy's configuration from deploy/fleet/haproxy.cfg.template for `servers`, {name: (inference
     "127.0.0.1:port", management port)}: requests go to the inference address, health checks ask the
-    management API whether every worker of `model` is READY."""
+    management API whether every worker of `model` is READY. Each request leaves HAProxy with a deadline:
+    its arrival plus `latency_budget_ms`, or the client's if earlier."""
     timeout_server = haproxy_timeout_server(response_timeout)
     lines = [f"    server {name} {address} check port {check_port}" for name, (address, check_port) in servers.items()]
     return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
@@ -106,6 +110,7 @@ def haproxy_config(
         timeout_server=timeout_server,
         timeout_client=timeout_server * (retries + 1) + 10,
         retries=retries,
+        latency_budget_ms=latency_budget_ms,
         servers="\n".join(lines),
     )
 

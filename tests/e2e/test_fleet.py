@@ -73,9 +73,13 @@ def fleet_archive(tiny_checkpoint, make_archive) -> str:
 @pytest.fixture(scope="module")
 def fleet(fleet_archive, model_store, tmp_path_factory):
     require_system_packages()
+    # These tests count every non-200 as a lost request; on a shared 2-core machine a request can stall past the
+    # default latency budget (1 s) and be shed with 503 DeadlineExceeded, by design. A budget far above any stall
+    # keeps shedding out of them: tests/e2e/test_overload.py and tests/deploy/test_haproxy_deadline.py test it.
     spec = FleetSpec(
-        replicas=2, model_store=model_store, archive=fleet_archive, alert_for={"BertReplicaDown": REPLICA_DOWN_FOR}
-    )
+        replicas=2, model_store=model_store, archive=fleet_archive, alert_for={"BertReplicaDown": REPLICA_DOWN_FOR},
+        latency_budget_ms=60_000,
+    )  # fmt: skip
     started = time.monotonic()
     with Fleet(spec, root=tmp_path_factory.mktemp("fleet")) as running:
         print(f"\nfleet of {len(running.replicas)} up in {time.monotonic() - started:.1f}s")

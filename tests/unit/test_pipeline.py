@@ -8,6 +8,7 @@ the tokenizer and the forward pass are stand-ins, so each test says exactly what
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -241,3 +242,46 @@ def test_a_failing_tokenizer_answers_500_and_keeps_earlier_answers():
         (500, "InternalError"),
     ]
     assert forward.passes == [] and outcome.forward_passes == 0
+
+
+# ---- deadlines (handlers/deadline.py) ----------------------------------------------------------------
+
+
+class TickingForward(FakeForward):
+    """Each forward pass takes `tick` seconds of a fake clock: a deadline can pass between two passes."""
+
+    def __init__(self, tokenizer: WordTokenizer, clock: list[float], tick: float) -> None:
+        super().__init__(tokenizer)
+        self.clock, self.tick = clock, tick
+
+    def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
+        self.clock[0] += self.tick
+        return super().__call__(encodings)
+
+
+def with_deadline(body: str, deadline_s: float) -> tuple[dict, dict]:
+    return {"body": body.encode()}, {"content-type": "text/plain", "X-Request-Deadline": str(int(1000 * deadline_s))}
+
+
+def test_a_request_the_batchs_pace_would_answer_after_its_deadline_is_dropped_before_its_pass(monkeypatch):
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    model, forward = make_model(max_batch_tokens=6)  # every text below is a pass of its own, shortest first
+    model = replace(model, forward=TickingForward(model.tokenizer, clock, tick=100.0))
+    forward = model.forward
+    short, longer, longest = "a", "b c d", "one two three four"
+    outcome = run(
+        model,
+        # third: its pass would start at +200 s and, at the pace of the one before, end at +300: dropped
+        with_deadline(longest, clock[0] + 250),
+        text(short),  # no deadline: runs first, from +0 to +100 s
+        with_deadline(longer, clock[0] + 250),  # second: from +100 to +200 s, in time
+        with_deadline("late already", clock[0] - 1),  # past its deadline before the batch: never even read
+    )
+    assert [a.status for a in outcome.answers] == [503, 200, 200, 503]
+    assert {outcome.answers[i].body["type"] for i in (0, 3)} == {"DeadlineExceeded"}
+    assert scores(outcome.answers[1]) == pytest.approx(forward.alone(short, model.max_length))
+    assert scores(outcome.answers[2]) == pytest.approx(forward.alone(longer, model.max_length))
+    assert len(forward.passes) == outcome.forward_passes == 2
+    computed = {len(row) for p in forward.passes for row in p}
+    assert computed == {3, 5} and outcome.real_tokens == 3 + 5  # the longest (6 tokens) never ran

@@ -31,6 +31,9 @@ RECORDED = [
     "bert_padding_waste",
     "bert_rejected_items_per_second",
     "bert_unavailable_per_second",
+    "bert_goodput_per_second",
+    "bert_deadline_exceeded_per_second",
+    "bert_shed_ratio",
 ]
 ALERTS = [
     "BertReplicaDown",
@@ -40,6 +43,7 @@ ALERTS = [
     "BertQueueFull",
     "BertRejectedItemsRising",
     "BertBatchesStuckAtSizeOne",
+    "BertSheddingSustained",
 ]
 
 
@@ -151,6 +155,7 @@ PER_SECOND = {
         "bert_real_tokens_total": 10,
         'bert_rejected_items_total{Reason="EmptyText"}': 1,
         'bert_rejected_items_total{Reason="InferenceFailed"}': 1,
+        'bert_rejected_items_total{Reason="DeadlineExceeded"}': 1,
         'Requests5XX{Level="Host"}': 3,
     },
     "b": {
@@ -209,6 +214,14 @@ EXPECTED = {  # at 5m
     # the others export no Requests5XX yet and read 0.
     **per_replica("bert_unavailable_per_second", {"a": 2, "b": 0, "c": 0, "d": 0}),
     **fleet("bert_unavailable_per_second", 2),
+    # a is handed 4 items/s and refuses 3 (EmptyText, InferenceFailed, DeadlineExceeded): 1 answered; b 2, all.
+    **per_replica("bert_goodput_per_second", {"a": 1, "b": 2}),
+    **fleet("bert_goodput_per_second", 3),
+    **per_replica("bert_deadline_exceeded_per_second", {"a": 1, "b": 0}),
+    **fleet("bert_deadline_exceeded_per_second", 1),
+    # shed: a's 2/s of its 3 requests/s (its DeadlineExceeded 503s are among the 5xx); the fleet's 2 of 10.
+    **per_replica("bert_shed_ratio", {"a": 0.667, "b": 0, "c": 0}),
+    **fleet("bert_shed_ratio", 0.2),
 }
 
 
@@ -234,7 +247,9 @@ def rendered_annotations(name: str, labels: dict[str, str], value: str = "") -> 
     rendered = {}
     for key, text in rule["annotations"].items():
         text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
-        rendered[key] = text.replace("{{ $value | humanize }}", value)
+        rendered[key] = text.replace("{{ $value | humanize }}", value).replace(
+            "{{ $value | humanizePercentage }}", value
+        )
     return rendered
 
 
@@ -365,6 +380,9 @@ def test_every_rule_has_values_and_every_alert_fires_at_common_scrape_intervals(
         *alerts_at("BertBatchesStuckAtSizeOne", "9m", "14m",
                    [expected_alert("BertBatchesStuckAtSizeOne", replica("b"))]),
         *alerts_at("BertAutoscalerAtMax", "14m", "16m30s", [expected_alert("BertAutoscalerAtMax", hpa)]),
+        # a sheds two thirds of its requests from the start: pending for its 15 minutes, then firing.
+        *alerts_at("BertSheddingSustained", "14m", "17m30s",
+                   [expected_alert("BertSheddingSustained", replica("a"), "66.67%")]),
     ]  # fmt: skip
     rising = rising_rejections(interval)
     tests = [

@@ -1,4 +1,4 @@
-"""The benchmark's parts; scripts/benchmark.py is its command line.
+"""The benchmarks' parts; scripts/benchmark.py and scripts/overload.py are their command lines.
 
 corpus.py     the texts: a realistic spread of lengths built from data/
 loadgen.py    the closed-loop asynchronous load generator (aiohttp) and latency percentiles
@@ -9,4 +9,10 @@ served.py     served cells: a private TorchServe, each backend x batch size x cl
 targets.py    the targets, read from targets.yaml (data, not code), evaluated on one run's figures
 report.py     the machine, the markdown tables
 plot.py       throughput and p95 latency against clients, one line per backend and batch size
+
+The overload benchmark (scripts/overload.py):
+openloop.py        open-loop arrivals (constant, Poisson), each client giving up after its timeout
+overload.py        the setups (today's queue, each latency budget's) and their cells
+overload_report.py its tables, targets and plot
+litserve_app.py    the same pipeline behind LitServe, for contrast (run with LitServe's own interpreter)
 """

@@ -1,0 +1,39 @@
+"""What the latency budget gives TorchServe, printed as shell assignments to `eval` (scripts/serve.sh).
+
+    eval "$(python -m scripts.latency_budget --device cpu --units 2 --workers 2 --batch-size 8 [--budget-ms 1000])"
+    # LATENCY_BUDGET_MS=1000  THROUGHPUT_RPS=180  JOB_QUEUE_SIZE=66
+
+--throughput-rps replaces the measured figure for the device (tooling/latency_budget.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget-ms", type=int, default=DEFAULT_BUDGET_MS)
+    parser.add_argument("--device", choices=("cpu", "gpu"), required=True)
+    parser.add_argument("--units", type=int, required=True, help="CPU cores or GPUs")
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--throughput-rps", type=float, default=0.0, help="measured requests/s (default: the device's)")
+    args = parser.parse_args(argv)
+    throughput = args.throughput_rps or machine_throughput(args.device, args.units)
+    try:
+        result = admission(args.budget_ms, throughput, args.workers, args.batch_size)
+    except ValueError as exc:
+        print(f"latency_budget: {exc}", file=sys.stderr)
+        return 2
+    print(f"LATENCY_BUDGET_MS={result.budget_ms}")
+    print(f"THROUGHPUT_RPS={result.throughput_rps:g}")
+    print(f"JOB_QUEUE_SIZE={result.job_queue_size}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

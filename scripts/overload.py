@@ -1,0 +1,243 @@
+"""Overload benchmark: open-loop arrivals at multiples of the saturation measured just before, per client timeout.
+
+    python -m scripts.overload --out docs/bench-overload --litserve-python /path/to/venv/bin/python
+    python -m scripts.overload --quick              # about two minutes: checks the pipeline end to end
+
+One run, one machine: the default archive (model_store/bert.mar, repacked with this checkout's
+handlers) served by private TorchServes at the landed layout (batch 8, 2 ms, one worker per core).
+First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %);
+then each setup (tooling/bench/overload.py: today's queue of 100, and each latency budget's queue
+with and without client deadlines) takes open-loop arrivals (constant and Poisson) at each
+multiple of it, each client giving up after its timeout. LitServe, serving the same model and
+pipeline from a venv of its own, takes the same load for contrast. Writes overload.json (every
+figure), overload.md (tables, targets) and overload.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import requests
+
+from tooling.bench.corpus import build_corpus
+from tooling.bench.loadgen import closed_loop
+from tooling.bench.openloop import open_loop
+from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, setups
+from tooling.bench.overload_report import evaluate, plot, table, targets_table
+from tooling.bench.report import machine
+from tooling.latency_budget import DEFAULT_BUDGET_MS
+from tooling.paths import MODEL_STORE, REPO
+
+MODEL = "overload"
+BATCH_SIZE = 8
+MAX_BATCH_DELAY_MS = 2
+SATURATION_CLIENTS = 32
+
+
+def floats(value: str) -> list[float]:
+    return [float(x) for x in value.split(",")]
+
+
+def unpack(archive: Path, into: Path) -> tuple[Path, Path]:
+    """(model folder, model-config.yaml) of an archive: what it serves, with the options it was built with."""
+    with zipfile.ZipFile(archive) as mar:
+        for name in mar.namelist():
+            if name.startswith("model/") or name == "model-config.yaml":
+                mar.extract(name, into)
+    return into / "model", into / "model-config.yaml"
+
+
+def start_torchserve(workdir: Path, store: Path, queue: int, progress):
+    from tooling.torchserve import TorchServe
+
+    server = TorchServe(workdir, store, overrides={"job_queue_size": str(queue)}).start()
+    try:
+        response = server.register(f"{MODEL}.mar", BATCH_SIZE, MAX_BATCH_DELAY_MS, initial_workers=None)
+        if response.status_code != 200:
+            raise RuntimeError(f"registering failed: {response.text}")
+        server.wait_until_ready(MODEL)
+    except BaseException:  # a SIGTERM included: never leave a server behind
+        server.stop()
+        raise
+    workers = len(server.describe(MODEL)[0]["workers"])
+    progress(f"TorchServe up: job_queue_size={queue}, {workers} workers")
+    return server, workers
+
+
+def warm_up(url: str, headers: dict, texts, seconds: float = 8.0) -> None:
+    """Every worker's first batches of each shape are slow (ONNX Runtime's first runs): load them before measuring."""
+    closed_loop(url, headers, texts, 16, seconds)
+
+
+def stable_saturation(url: str, headers: dict, texts, seconds: float, progress) -> float:
+    """Closed-loop requests/s, measured in rounds until two in a row agree within 10 % (at most 6): a fresh
+    server speeds up over its first minute, and a first reading alone was half the one taken at the end."""
+    previous = 0.0
+    for _ in range(6):
+        rps = closed_loop(url, headers, texts, SATURATION_CLIENTS, seconds)["rps"]
+        progress(f"  closed loop, {SATURATION_CLIENTS} clients: {rps:.1f} req/s")
+        if previous and abs(rps - previous) <= 0.1 * previous:
+            return rps
+        previous = rps
+    return previous
+
+
+def wait_idle(url: str, headers: dict, body: str, limit_s: float = 120.0) -> None:
+    """Until a lone request is answered quickly: LitServe's queue has no bound and no drop, so what the clients
+    gave up on is still computed after a cell, and the next cell must not start behind it."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        with contextlib.suppress(requests.RequestException):
+            requests.post(url, data=body, headers=headers, timeout=limit_s)
+        if time.monotonic() - started < 0.2:
+            return
+        time.sleep(0.2)
+
+
+def litserve_cells(python: str, model_dir: Path, options: Path, workers: int, texts, saturation: float,
+                   multiples, timeouts, seconds: float, progress) -> list[dict]:  # fmt: skip
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [python, "-m", "tooling.bench.litserve_app", "--model-dir", str(model_dir), "--options", str(options),
+               "--port", str(port), "--workers", str(workers), "--batch-size", str(BATCH_SIZE),
+               "--batch-timeout", str(MAX_BATCH_DELAY_MS / 1000)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    cells = []
+    try:
+        for _ in range(240):
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/predict"
+        headers = {"Content-Type": "application/json"}
+        bodies = [json.dumps({"text": text}) for text in texts]
+        warm_up(url, headers, bodies)
+        progress(f"LitServe up: {workers} workers, unbounded queue")
+        for timeout_s in timeouts:
+            for multiple in multiples:
+                result = open_loop(url, headers, bodies, multiple * saturation, seconds, timeout_s, "constant")
+                wait_idle(url, headers, bodies[0])
+                cell = {"server": "litserve", "setup": "unbounded queue", "timeout_s": timeout_s,
+                        "arrivals": "constant", "multiple": multiple, "budget_ms": None, "deadline_header": False,
+                        **result.summary()}  # fmt: skip
+                cell["goodput_share"] = cell["goodput_rps"] / saturation
+                cells.append(cell)
+                progress(describe(cell))
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--archive", type=Path, default=MODEL_STORE / "bert.mar")
+    parser.add_argument("--out", type=Path, default=Path("build/bench-overload"))
+    parser.add_argument("--multiples", type=floats, default=[0.5, 1.0, 1.5, 2.0, 4.0])
+    parser.add_argument("--timeouts", type=floats, default=[0.3, 1.0, 2.0], help="client timeouts, seconds")
+    parser.add_argument("--seconds", type=float, default=4.0, help="arrivals per cell")
+    parser.add_argument("--saturation-seconds", type=float, default=4.0, help="per round of the measurement")
+    parser.add_argument("--litserve-python", help="an interpreter with litserve installed (its own venv)")
+    parser.add_argument("--litserve-timeouts", type=floats, default=[0.3, 1.0])
+    parser.add_argument("--quick", action="store_true", help="2 loads, 2 timeouts, 1.5 s cells")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.multiples, args.timeouts, args.seconds, args.saturation_seconds = [0.5, 2.0], [0.3, 1.0], 1.5, 3.0
+        args.litserve_timeouts = [1.0]
+    progress = print
+    load_before = os.getloadavg()
+    started = time.time()
+    workdir = Path(tempfile.mkdtemp(prefix="overload-"))
+    try:
+        from tooling.archiving import pack_archive
+
+        model_dir, options = unpack(args.archive, workdir / "unpacked")
+        store = workdir / "store"
+        pack_archive(model_dir, MODEL, store, options)
+        texts = build_corpus(200)
+        budgets = [round(1000 * t) for t in args.timeouts]
+        cells: list[dict] = []
+        saturation = workers = 0
+        saturation_after: dict = {}
+        plan: list[Setup] = [Setup("today", TODAY_QUEUE, None)]
+        index = 0
+        while index < len(plan):
+            setup = plan[index]
+            server, workers = start_torchserve(workdir / f"server-{index}", store, setup.job_queue_size, progress)
+            try:
+                url = f"{server.inference_url}/predictions/{MODEL}"
+                headers = {"Content-Type": "text/plain", **server.auth("inference")}
+                warm_up(url, headers, texts)
+                if index == 0:
+                    saturation = stable_saturation(url, headers, texts, args.saturation_seconds, progress)
+                    progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop)")
+                    plan += setups(saturation, budgets, workers, BATCH_SIZE)[1:]
+                cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
+                                   args.seconds, DEFAULT_BUDGET_MS, progress)  # fmt: skip
+                if index == len(plan) - 1:
+                    # Measured again at the end: other load on a shared machine moves it, and this shows by how much.
+                    saturation_after = closed_loop(url, headers, texts, SATURATION_CLIENTS, args.saturation_seconds)
+                    progress(f"saturation at the end: {saturation_after['rps']:.1f} req/s")
+            finally:
+                server.stop()
+            index += 1
+        if args.litserve_python:
+            cells += litserve_cells(args.litserve_python, model_dir, options, workers, texts, saturation,
+                                    args.multiples, args.litserve_timeouts, args.seconds, progress)  # fmt: skip
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        "machine": machine(),
+        "command": "python -m scripts.overload " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "minutes": (time.time() - started) / 60,
+        "saturation_rps": saturation,
+        "saturation_at_the_end_rps": saturation_after.get("rps"),
+        "workers": workers,
+        "batch_size": BATCH_SIZE,
+        "max_batch_delay_ms": MAX_BATCH_DELAY_MS,
+        "default_budget_ms": DEFAULT_BUDGET_MS,
+        "cells": cells,
+    }
+    targets = evaluate(cells, DEFAULT_BUDGET_MS)
+    report["targets"] = targets
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overload.json").write_text(json.dumps(report, indent=1))
+    title = (f"{machine()}; saturation {saturation:.0f} req/s (at the end: "
+             f"{saturation_after.get('rps', float('nan')):.0f}); load average {load_before[0]:.1f} before, "
+             f"{report['load_average_after'][0]:.1f} after")  # fmt: skip
+    lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *table(cells), "", "Targets:", "",
+             *targets_table(targets), ""]  # fmt: skip
+    (args.out / "overload.md").write_text("\n".join(lines))
+    plot(cells, saturation, args.out / "overload.png", title)
+    print("\n".join(lines))
+    print(f"wrote {args.out}/overload.json, overload.md, overload.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

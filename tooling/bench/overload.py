@@ -1,0 +1,140 @@
+"""Overload cells: open-loop arrivals at multiples of the saturation measured just before, per client timeout.
+
+Setups, one private TorchServe each, the landed service's layout (batch 8, 2 ms, one one-thread worker
+per core) and the default archive:
+- "today": job_queue_size=100 (what config.properties held before the latency budget), clients without
+  a deadline: the issue's reproduction.
+- "budget B": the queue the budget B gives (tooling/latency_budget.py) at the throughput measured in this
+  run; clients send their deadline (handlers/deadline.py, their send time plus their timeout), and, for
+  contrast, clients that send none ("budget B, no deadline": the queue alone).
+Per cell, from the client: offered, answered in time, refused (by status and type), gave up, p50/p99 of
+the answered; from the handler's own counters (bert_items_total, bert_rejected_items_total): items computed
+(handed to the handler and not refused by it) and how many of them nobody received (wasted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from handlers.handler_metrics import ITEMS, REJECTED
+from tooling.bench.openloop import open_loop
+from tooling.bench.scrape import HANDLER_MODEL_LABEL
+from tooling.prometheus import metric_value
+
+# The queue config.properties held before the latency budget: the "today" setup.
+TODAY_QUEUE = 100
+# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
+METRICS_SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Setup:
+    label: str
+    job_queue_size: int
+    budget_ms: int | None  # None: no budget (today)
+
+
+def handler_counts(server, model: str) -> tuple[float, float]:
+    """(items handed to the handler, items it refused), from the handler's counters on /metrics."""
+    text = server.metrics_text()
+    return (metric_value(text, ITEMS, **{HANDLER_MODEL_LABEL: model}),
+            metric_value(text, REJECTED, **{HANDLER_MODEL_LABEL: model}))  # fmt: skip
+
+
+def wait_drained(server, model: str, limit_s: float) -> None:
+    """Until the frontend's queue for `model` is empty and the batches in the workers have had time to finish."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        status = server.describe(model)[0].get("jobQueueStatus", {})
+        if not status.get("pendingRequests"):
+            break
+        time.sleep(0.1)
+    time.sleep(0.3)
+
+
+def measure_cell(
+    server, model: str, texts: Sequence[str], rate: float, seconds: float, timeout_s: float,
+    arrivals: str, deadline: bool,
+) -> dict:  # fmt: skip
+    url = f"{server.inference_url}/predictions/{model}"
+    headers = {"Content-Type": "text/plain", **server.auth("inference")}
+    items_before, refused_before = handler_counts(server, model)
+    result = open_loop(url, headers, texts, rate, seconds, timeout_s, arrivals, deadline)
+    wait_drained(server, model, limit_s=30.0)
+    time.sleep(METRICS_SETTLE_S)
+    items_after, refused_after = handler_counts(server, model)
+    summary = result.summary()
+    handed = items_after - items_before
+    computed = handed - (refused_after - refused_before)
+    wasted = max(0.0, computed - summary["answered_in_time"])
+    return {
+        **summary,
+        "handed_to_handler": handed,
+        "computed": computed,
+        "wasted": wasted,
+        "wasted_share": wasted / computed if computed else 0.0,
+    }
+
+
+def setups(saturation_rps: float, budgets_ms: Sequence[int], workers: int, batch_size: int) -> list[Setup]:
+    from tooling.latency_budget import admission
+
+    derived = [Setup(f"budget {b} ms", admission(b, saturation_rps, workers, batch_size).job_queue_size, b)
+               for b in budgets_ms]  # fmt: skip
+    return [Setup("today", TODAY_QUEUE, None), *derived]
+
+
+def cells_for(setup: Setup, timeouts_s: Sequence[float], default_budget_ms: int) -> list[tuple[float, bool, tuple]]:
+    """(client timeout, deadline header, arrival processes) for each group of cells a setup runs."""
+    if setup.budget_ms is None:
+        return [(t, False, ("constant",)) for t in timeouts_s]
+    matching = [t for t in timeouts_s if round(1000 * t) == setup.budget_ms]
+    groups = [(t, True, ("constant", "poisson")) for t in matching]
+    groups += [(t, False, ("constant",)) for t in matching]
+    if setup.budget_ms == default_budget_ms:
+        # The default budget with clients that wait longer than it: the same promise must hold.
+        groups += [(t, True, ("constant", "poisson")) for t in timeouts_s if 1000 * t > setup.budget_ms]
+    return groups
+
+
+def run_setup(
+    server, model: str, setup: Setup, texts: Sequence[str], saturation_rps: float, multiples: Sequence[float],
+    timeouts_s: Sequence[float], seconds: float, default_budget_ms: int, progress: Callable[[str], None],
+) -> list[dict]:  # fmt: skip
+    cells = []
+    for timeout_s, deadline, arrivals_list in cells_for(setup, timeouts_s, default_budget_ms):
+        for arrivals in arrivals_list:
+            for multiple in multiples:
+                figures = measure_cell(
+                    server, model, texts, multiple * saturation_rps, seconds, timeout_s, arrivals, deadline
+                )
+                cell = {
+                    "server": "torchserve",
+                    "setup": setup.label + ("" if deadline or setup.budget_ms is None else ", no deadline"),
+                    "job_queue_size": setup.job_queue_size,
+                    "budget_ms": setup.budget_ms,
+                    "deadline_header": deadline,
+                    "timeout_s": timeout_s,
+                    "arrivals": arrivals,
+                    "multiple": multiple,
+                    **figures,
+                }
+                cell["goodput_share"] = cell["goodput_rps"] / saturation_rps
+                cells.append(cell)
+                progress(describe(cell))
+    return cells
+
+
+def describe(cell: dict) -> str:
+    refused = ", ".join(f"{k}: {v}" for k, v in sorted(cell["refused"].items())) or "none"
+    computed = ""
+    if "computed" in cell:
+        computed = f"computed {cell['computed']:.0f}, wasted {100 * cell['wasted_share']:.0f}%"
+    return (
+        f"{cell['server']:<10} {cell['setup']:<28} t={cell['timeout_s']}s {cell['arrivals']:<8} "
+        f"{cell['multiple']}x: offered {cell['offered']} ({cell['offered_rps']:.0f}/s) goodput "
+        f"{cell['goodput_rps']:.0f}/s ({100 * cell['goodput_share']:.0f}%) p50 {cell['p50_ms']:.0f} p99 "
+        f"{cell['p99_ms']:.0f} ms gave up {cell['gave_up']} refused [{refused}] {computed}"
+    )

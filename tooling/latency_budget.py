@@ -1,0 +1,66 @@
+"""The one overload knob, the latency budget: how long a request may wait for its answer.
+
+The operator states the budget (LATENCY_BUDGET_MS for scripts/serve.sh, --latency-budget-ms for the
+cluster configuration); everything TorchServe 0.12 needs is derived from it here, once:
+
+- job_queue_size, the frontend's per-model queue (a count): as many requests as the workers can
+  finish within half the budget, so that a request admitted at the tail of a full queue is still
+  answered in time and every request beyond it is refused at once (503) instead of timing out.
+- the deadline a proxy stamps on each request it forwards (handlers/deadline.py): arrival + budget.
+
+What TorchServe 0.12 offers and this does not use, and why (docs/reliability.md, "Overload"):
+clientTimeoutInMills drops an expired request without answering it at all (the client's connection
+stays open until the client gives up) and never checks the first request of a batch;
+useJobTicket admits a request only while a worker is idle, one per idle worker, which leaves no
+queue to form batches from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The default budget: one second. Measured on 2 cores with 2 s clients (docs/benchmarks.md, "Overload"):
+# 92-96 % of saturation answered in time at 2x overload, 82-85 % at 4x, no work wasted.
+DEFAULT_BUDGET_MS = 1000
+
+# Measured throughput of the default archive at its default layout and batching, per unit of the
+# machine (docs/benchmarks.md): on CPU 180.2 req/s on 2 cores (ONNX fp32, one one-thread worker per
+# core, batch 8); on a GPU 10,714 req/s on one H100 (8 workers, batch 128). A different model or
+# machine passes its own measured figure (THROUGHPUT_RPS, --throughput-rps).
+CPU_RPS_PER_CORE = 90.0
+GPU_RPS_PER_GPU = 10_700.0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the budget gives TorchServe for one model on one server."""
+
+    budget_ms: int
+    throughput_rps: float
+    job_queue_size: int
+
+
+def machine_throughput(device: str, units: int) -> float:
+    """The measured requests/s of the default archive on `units` CPU cores (device "cpu") or GPUs ("gpu")."""
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be cpu or gpu, got {device!r}")
+    return units * (GPU_RPS_PER_GPU if device == "gpu" else CPU_RPS_PER_CORE)
+
+
+def admission(budget_ms: int, throughput_rps: float, workers: int, batch_size: int) -> Admission:
+    """The queue that answers a request admitted at the tail of a full queue within half the budget.
+
+    Under sustained overload the queue is always full, so every admitted request waits the whole
+    queue: the requests ahead drain at the throughput, the batches in the workers when it arrives are
+    half done on average, and its own batch then takes a whole batch time. That wait is held to half
+    the budget, the other half being headroom for what varies: a batch of long texts, and the
+    throughput lost under overload itself (refusing costs the frontend CPU). Measured on 2 cores with
+    the whole budget instead: the median answer took 0.8 of it, and at 4x a quarter to a half of the
+    computed requests finished after their client had given up. A longer queue adds only waiting,
+    never throughput, once it keeps the workers fed: so never less than one full batch per worker,
+    which the workers draw their batches from (a queue of 1 at 2x load served 61 % of saturation).
+    """
+    if budget_ms <= 0 or throughput_rps <= 0 or workers < 1 or batch_size < 1:
+        raise ValueError("budget, throughput, workers and batch size must be positive")
+    queue = int(throughput_rps * budget_ms / 1000 / 2 - 1.5 * workers * batch_size)
+    return Admission(budget_ms, throughput_rps, max(workers * batch_size, queue))
