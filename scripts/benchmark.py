@@ -7,6 +7,8 @@
     python -m scripts.benchmark --quick              # about a minute, checks the pipeline end to end
     python -m scripts.benchmark --worst-batch        # one full batch at the token cap per backend, and exit
     python -m scripts.benchmark --sweep-max-batch-tokens 1000000000,512,256,128 --backends onnx-fp32
+    python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \
+        --concurrency 1,256,1024 --duration 10 --out docs/bench-gpu   # on a GPU (docs/benchmarks.md)
 
 One run, one machine, one model. Each backend (the checkpoint for PyTorch; an ONNX export,
 fp32 or int8, checked against PyTorch) is archived and served by a private TorchServe at
@@ -14,7 +16,10 @@ batch_size=1 and batch_size=B (at each --delays) under closed-loop load at each 
 per cell: requests/s, latency percentiles, errors, and from /metrics the batches formed, the
 padding and where the time went (frontend queue, worker, handler stages). The ceilings run
 without a server over the same texts: the plain model loop at batch 1 and B, and the handler
-in-process at batch B with and without length-aware micro-batches. The targets are data
+in-process at batch B with and without length-aware micro-batches. Every served answer is checked
+against its text's answer alone in float32. --device cuda (auto: when torch sees a GPU) serves PyTorch
+archives in float16 on GPU 0, skips the ONNX backends and records GPU utilisation and memory per cell.
+The targets are data
 (tooling/bench/targets.yaml). Writes JSON (every figure), markdown and a PNG plot to --out.
 The parts live in tooling/bench/; this is the command line.
 """
@@ -38,9 +43,10 @@ from tooling.archiving import add_handler_option_argument
 from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
 from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
+from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
 from tooling.bench.plot import plot
 from tooling.bench.report import machine, markdown
-from tooling.bench.served import Layout, batching_settings, parse_layouts, served_cells
+from tooling.bench.served import Layout, batching_settings, gpu_layouts, parse_layouts, served_cells
 from tooling.bench.targets import evaluate_targets
 from tooling.paths import MODEL_CONFIG, REPO
 
@@ -67,6 +73,7 @@ def resolve_model(name: str, workdir: Path) -> Path:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="demo", help="demo, bert-base, tiny, or a checkpoint folder")
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda where torch sees a GPU")
     parser.add_argument(
         "--backends", type=parse_backends, default=list(BACKENDS), help=f"comma-separated, from {list(BACKENDS)}"
     )
@@ -89,6 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="served CPU layouts, WORKERSxTHREADS per model, e.g. 1x0,2x1 (default: 1x<--threads>; 0 threads: every "
         "core; 0 workers: registered without initial_workers, the server's default)",
     )
+    parser.add_argument(
+        "--gpu-workers",
+        default=None,
+        help="served GPU layouts: workers per GPU, e.g. 1,2,4,8 (each with --threads threads); replaces --layouts",
+    )
     add_handler_option_argument(
         parser, "a handler option over model-config.yaml's, for the served archives and the ceilings (repeatable)"
     )
@@ -107,6 +119,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    if args.gpu_workers is not None:
+        if args.layouts is not None:
+            parser.error("--gpu-workers and --layouts both name the served layouts: give one")
+        try:
+            args.layouts = gpu_layouts(args.gpu_workers, args.threads)
+        except ValueError as error:
+            parser.error(str(error))
     if args.layouts is None:
         args.layouts = [Layout(1, args.threads)]
     if args.one_at_a_time_backends is None:
@@ -137,18 +156,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, options: dict, workdir: Path) -> int:
     started = time.monotonic()
+    print(f"On a GPU host (one H100), run: {GPU_COMMAND}", flush=True)
 
     def progress(message: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
+    try:
+        device = resolve_device(args.device, cuda_available())
+    except ValueError as error:
+        print(f"benchmark: {error}", file=sys.stderr)
+        return 2
+    names, skipped = backends_for_device(args.backends, device)
+    for name, why in skipped.items():
+        progress(f"backend {name} {why}")
+    if not names:
+        print(f"no backend left to run on {device}", file=sys.stderr)
+        return 2
+    args.one_at_a_time_backends = [name for name in args.one_at_a_time_backends if name in names]
+    progress(f"device {device}; backends {names}")
     checkpoint = resolve_model(args.model, workdir)
-    backends = prepare_backends(args.backends, checkpoint, workdir, progress)
-    resolved = HandlerOptions.from_mapping(options).for_device("cpu")
+    backends = prepare_backends(names, checkpoint, workdir, progress)
+    resolved = HandlerOptions.from_mapping(options).for_device(device)
 
     if args.worst_batch:
         tokens = resolved.max_length
         for prepared in backends:
-            times = worst_batch_seconds(prepared, args.batch_size, tokens, prepared.options(options))
+            times = worst_batch_seconds(prepared, args.batch_size, tokens, prepared.options(options, device), device)
             print(f"{args.model} {prepared.name}: forward pass of {args.batch_size} x {tokens} tokens: "
                   + ", ".join(f"{t:.2f} s" for t in times))  # fmt: skip
         return 0
@@ -173,7 +206,9 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
         "command": "python -m scripts.benchmark " + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": {
             "model": args.model,
-            "backends": args.backends,
+            "device": device,
+            "backends": names,
+            "skipped_backends": skipped,
             "batch_size": args.batch_size,
             "delays_ms": args.delays,
             "concurrency": args.concurrency,
@@ -183,18 +218,20 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
             "mean_tokens": statistics.mean(lengths),
             "max_tokens": max(lengths),
             "handler_options": overrides,
-            "max_batch_tokens": {p.name: p.options(options).max_batch_tokens for p in backends},
+            "max_batch_tokens": {p.name: p.options(options, device).max_batch_tokens for p in backends},
             "cpu_threads": resolved.cpu_threads or len(os.sched_getaffinity(0)),
             "layouts": [layout.label for layout in args.layouts],
         },
         "backends": {p.name: {"export": p.export} for p in backends},
     }
-    report["ceilings"] = [] if args.no_ceilings else ceilings(backends, texts, args.batch_size, options, progress)
+    report["ceilings"] = (
+        [] if args.no_ceilings else ceilings(backends, texts, args.batch_size, options, progress, device)
+    )
     settings = {
         p.name: batching_settings(args.batch_size, args.delays, p.name in args.one_at_a_time_backends) for p in backends
     }
     report["served"] = served_cells(
-        backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts
+        backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts, device
     )
     report["targets"] = evaluate_targets(report)
 

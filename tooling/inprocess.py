@@ -12,8 +12,11 @@ from pathlib import Path
 from tooling.paths import METRICS_CONFIG
 
 
-def make_context(model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny"):
-    """TorchServe's Context for a model unpacked at model_dir, with the server's metrics declarations."""
+def make_context(
+    model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny", gpu_id: int | None = None
+):
+    """TorchServe's Context for a model unpacked at model_dir, with the server's metrics declarations;
+    `gpu_id` as TorchServe gives a GPU worker (None: a CPU worker)."""
     from ts.context import Context
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
@@ -26,7 +29,7 @@ def make_context(model_dir: Path, handler_options: dict | None = None, model_nam
         str(model_dir),
         manifest,
         8,
-        None,
+        gpu_id,
         "0.12.0",
         metrics=metrics,
         model_yaml_config={"handler": dict(handler_options or {})},
@@ -55,9 +58,9 @@ def unpacked_layout(checkpoint: Path, root: Path | None = None) -> Path:
     return root
 
 
-def load_handler(model_dir: Path, handler_options: dict | None = None):
+def load_handler(model_dir: Path, handler_options: dict | None = None, gpu_id: int | None = None):
     from handlers.bert_handler import BertSequenceClassifierHandler
 
     handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(model_dir, handler_options))
+    handler.initialize(make_context(model_dir, handler_options, gpu_id=gpu_id))
     return handler

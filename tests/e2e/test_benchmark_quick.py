@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tooling.bench.answers import TOLERANCE
 from tooling.bench.backends import BACKENDS
 from tooling.bench.scrape import STAGES
 from tooling.bench.targets import evaluate_targets, load_targets
@@ -35,8 +36,12 @@ def report(quick_run):
     return quick_run[0]
 
 
+def cells_of(rows, **where):
+    return [c for c in rows if all(c[k] == v for k, v in where.items())]
+
+
 def cells(report, **where):
-    return [c for c in report["served"] if all(c[k] == v for k, v in where.items())]
+    return cells_of(report["served"], **where)
 
 
 def test_every_backend_is_served_at_each_batching_and_client_count_without_errors(report):
@@ -50,6 +55,13 @@ def test_every_backend_is_served_at_each_batching_and_client_count_without_error
         assert 0 < cell["p50_ms"] <= cell["p95_ms"] <= cell["p99_ms"]
         # The handler counted exactly the requests the clients got answers for (one text each).
         assert cell["handler_items"] == cell["requests"], cell
+        # Every answer was checked against its text's answer alone (float32 on this CPU run), and none differed
+        # beyond its precision's tolerance (int8's activation scales move with the batch: tooling/bench/answers.py).
+        assert cell["answers_checked"] == cell["requests"] and cell["answers_wrong"] == 0, cell
+        assert cell["answers_max_abs_diff"] <= cell["answers_tolerance"] == TOLERANCE[cell["dtype"]]
+        assert cell["dtype"] == ("int8" if cell["backend"] == "onnx-int8" else "float32")
+        # No GPU on this run: the GPU figures are absent, not zero.
+        assert cell["device"] == "cpu" and cell["gpu_utilization_percent"] is None, cell
 
 
 def test_batch_size_one_never_batches_and_batch_size_eight_does_under_load(report):
@@ -79,7 +91,8 @@ def test_where_the_time_goes_is_read_from_the_servers_counters(report):
 def test_ceilings_cover_every_backend_and_length_aware_planning_cuts_padding(report):
     for backend in BACKENDS:
         rows = [c for c in report["ceilings"] if c["backend"] == backend]
-        assert sorted((c["kind"], c["batch_size"]) for c in rows if c["kind"] == "loop") == [("loop", 1), ("loop", 8)]
+        loops = sorted((c["batch_size"], c["order"]) for c in rows if c["kind"] == "loop")
+        assert loops == [(1, "arrival"), (8, "arrival"), (8, "length")]
         by_planning = {c["planning"]: c for c in rows if c["kind"] == "handler"}
         padded, aware = by_planning["pad_to_longest"], by_planning["length_aware"]
         assert padded["forward_passes_per_batch"] == 1.0 and aware["forward_passes_per_batch"] > 1.0
@@ -101,7 +114,7 @@ def test_the_targets_come_from_the_data_file_and_this_runs_figures(report):
     assert report["targets"] == evaluate_targets(report)
     # One by hand: ONNX fp32 served at 16 clients (best batching) over the best plain PyTorch loop.
     served = max(c["rps"] for c in cells(report, backend="onnx-fp32", concurrency=16))
-    loop = max(c["texts_per_s"] for c in report["ceilings"] if c["backend"] == "pytorch" and c["kind"] == "loop")
+    loop = max(c["texts_per_s"] for c in cells_of(report["ceilings"], backend="pytorch", kind="loop", order="arrival"))
     assert report["targets"][0]["measured"] == pytest.approx(served / loop)
     assert all(isinstance(t["met"], bool) for t in report["targets"])
 

@@ -51,8 +51,31 @@ SERVED = [
     {"backend": "onnx-int8", "batch_size": 8, "max_batch_delay_ms": 2, "concurrency": 16, "rps": 90.0},
 ]
 CEILINGS = [
-    {"backend": "pytorch", "kind": "loop", "batch_size": 1, "texts_per_s": 60.0, "p50_ms_per_batch": 14.0},
-    {"backend": "pytorch", "kind": "loop", "batch_size": 8, "texts_per_s": 50.0, "p50_ms_per_batch": 150.0},
+    {
+        "backend": "pytorch",
+        "kind": "loop",
+        "order": "arrival",
+        "batch_size": 1,
+        "texts_per_s": 60.0,
+        "p50_ms_per_batch": 14.0,
+    },
+    {
+        "backend": "pytorch",
+        "kind": "loop",
+        "order": "arrival",
+        "batch_size": 8,
+        "texts_per_s": 50.0,
+        "p50_ms_per_batch": 150.0,
+    },
+    # Length-sorted is not the Hugging Face loop as users run it: never the targets' reference.
+    {
+        "backend": "pytorch",
+        "kind": "loop",
+        "order": "length",
+        "batch_size": 8,
+        "texts_per_s": 500.0,
+        "p50_ms_per_batch": 15.0,
+    },
     {"backend": "pytorch", "kind": "handler", "planning": "pad_to_longest", "texts_per_s": 40.0},
     {"backend": "pytorch", "kind": "handler", "planning": "length_aware", "texts_per_s": 80.0},
 ]

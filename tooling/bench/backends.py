@@ -33,9 +33,9 @@ class PreparedBackend:
     def name(self) -> str:
         return self.backend.name
 
-    def options(self, handler_options: dict) -> HandlerOptions:
-        """The handler options as the handler resolves them on a CPU for this backend's archive."""
-        return HandlerOptions.from_mapping(handler_options).for_device("cpu", backend_of(self.model_dir))
+    def options(self, handler_options: dict, device: str = "cpu") -> HandlerOptions:
+        """The handler options as the handler resolves them on `device` for this backend's archive."""
+        return HandlerOptions.from_mapping(handler_options).for_device(device, backend_of(self.model_dir))
 
 
 def parse_backends(value: str) -> list[str]:

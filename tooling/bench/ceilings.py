@@ -1,7 +1,9 @@
 """In-process ceilings over the benchmark's texts, no server: what the model and the handler can do alone.
 
 plain loop   tokenize, pad to the longest, forward, softmax: the Hugging Face loop for PyTorch, the same
-             loop around the ONNX Runtime session for the ONNX backends. No validation, no planning.
+             loop around the ONNX Runtime session for the ONNX backends. No validation, no planning. At batch B
+             in arrival order and sorted by length (what padding costs a GPU, where a pass is one launch).
+On cuda every model is loaded on GPU 0 and each timer stops after torch.cuda.synchronize().
 handler      this project's handler through TorchServe's own Context (tooling.inprocess), at batch B, with
              pad-to-longest (an unlimited token budget) and with length-aware micro-batches.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from handlers.loading import LoadedModel, load_model
 from handlers.options import HandlerOptions
 from tooling.bench.backends import PreparedBackend
+from tooling.bench.device import gpu_id_of, synchronize
 from tooling.bench.loadgen import percentile_ms
 
 WARM_UP_TEXTS = 16
@@ -24,15 +27,35 @@ WARM_UP_TEXTS = 16
 UNLIMITED_TOKENS = 10**9
 
 
-def _served(prepared: PreparedBackend, options: HandlerOptions) -> LoadedModel:
-    """The backend's model exactly as the handler loads it (handlers/loading.py), on the CPU."""
-    return load_model(prepared.model_dir, options, None)
+ORDERS = ("arrival", "length")
 
 
-def plain_loop(prepared: PreparedBackend, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
-    """Tokenize each chunk padded to its longest text, run it, take the softmax; texts/s and time per batch."""
-    model = _served(prepared, options)
+def _served(prepared: PreparedBackend, options: HandlerOptions, device: str = "cpu") -> LoadedModel:
+    """The backend's model exactly as the handler loads it (handlers/loading.py), on `device`."""
+    return load_model(prepared.model_dir, options, gpu_id_of(device))
+
+
+def length_sorted(texts: Sequence[str], lengths: Sequence[int]) -> list[str]:
+    """The texts shortest first (stable: equal lengths keep arrival order), so each chunk pads little."""
+    return [text for _, _, text in sorted(zip(lengths, range(len(texts)), texts))]
+
+
+def plain_loop(
+    prepared: PreparedBackend,
+    texts: Sequence[str],
+    batch_size: int,
+    options: HandlerOptions,
+    device: str = "cpu",
+    order: str = "arrival",
+) -> dict:
+    """Tokenize each chunk padded to its longest text, run it, take the softmax; texts/s and time per batch.
+    `order` "length": the texts sorted by token length first (the sort itself is not timed)."""
+    model = _served(prepared, options, device)
     tokenizer, max_length = model.tokenizer, model.max_length
+    if order == "length":
+        lengths = [len(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
+        texts = length_sorted(texts, lengths)
+    dtype = prepared.backend.quantize or "float32"
     if prepared.backend.onnx:
         from handlers.onnx_forward import OnnxForward
 
@@ -51,23 +74,30 @@ def plain_loop(prepared: PreparedBackend, texts: Sequence[str], batch_size: int,
 
         assert isinstance(model.forward, TorchForward)
         classifier = model.forward.model
+        on = next(classifier.parameters()).device
+        dtype = str(next(classifier.parameters()).dtype).removeprefix("torch.")
 
         def run(chunk: list[str]) -> None:
             batch = tokenizer(chunk, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
             with torch.inference_mode():
-                classifier(**batch).logits.softmax(-1)
+                classifier(**batch.to(on)).logits.softmax(-1).float().cpu()  # the probabilities, on the host
 
     for i in range(0, WARM_UP_TEXTS, batch_size):  # first runs of each shape are slow (allocators, kernels)
         run(list(texts[i : i + batch_size]))
+    synchronize(device)
     batch_times = []
     started = time.perf_counter()
     for i in range(0, len(texts), batch_size):
         batch_started = time.perf_counter()
         run(list(texts[i : i + batch_size]))
+        synchronize(device)
         batch_times.append(time.perf_counter() - batch_started)
     elapsed = time.perf_counter() - started
     return {
         "kind": "loop",
+        "device": device,
+        "dtype": dtype,
+        "order": order,
         "batch_size": batch_size,
         "texts_per_s": len(texts) / elapsed,
         "ms_per_text": 1000 * elapsed / len(texts),
@@ -92,26 +122,31 @@ def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, opti
     return {"padding_waste": padded / real, "forward_passes_per_batch": passes / batches}
 
 
-def handler_ceiling(prepared: PreparedBackend, texts: Sequence[str], batch_size: int, handler_options: dict) -> dict:
-    """The handler in-process at batch B: decoding, validation, tokenization, planning, forward, JSON."""
+def handler_ceiling(
+    prepared: PreparedBackend, texts: Sequence[str], batch_size: int, handler_options: dict, device: str = "cpu"
+) -> dict:
+    """The handler in-process at batch B: decoding, validation, tokenization, planning, forward, JSON.
+    Its answers are on the host, so its forward pass has synchronized the GPU before each batch returns."""
     from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
     batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
     with tempfile.TemporaryDirectory(prefix="bench-unpacked-") as tmp:
         model_dir = unpacked_layout(prepared.model_dir, Path(tmp))
-        handler = load_handler(model_dir, handler_options)
-        context = make_context(model_dir, handler_options)
+        handler = load_handler(model_dir, handler_options, gpu_id_of(device))
+        context = make_context(model_dir, handler_options, gpu_id=gpu_id_of(device))
         for batch in batches[: max(1, WARM_UP_TEXTS // batch_size)]:  # warm-up
             handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in batch]), context)
         started = time.perf_counter()
         for batch in batches:
             handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in batch]), context)
+        synchronize(device)
         elapsed = time.perf_counter() - started
         del handler
     gc.collect()
-    options = prepared.options(handler_options)
+    options = prepared.options(handler_options, device)
     return {
         "kind": "handler",
+        "device": device,
         "batch_size": batch_size,
         "max_batch_tokens": options.max_batch_tokens,
         "planning": "pad_to_longest" if options.max_batch_tokens >= UNLIMITED_TOKENS else "length_aware",
@@ -126,20 +161,22 @@ def ceilings(
     batch_size: int,
     handler_options: dict,
     progress: Callable[[str], None],
+    device: str = "cpu",
 ) -> list[dict]:
-    """For each backend: the plain loop at batch 1 and B, the handler at batch B without and with planning
-    (its max_batch_tokens as the handler resolves it for that backend)."""
+    """For each backend: the plain loop at batch 1 and B (at B in arrival order and length-sorted), the handler
+    at batch B without and with planning (its max_batch_tokens as the handler resolves it for that backend)."""
     rows = []
     for prepared in backends:
-        options = prepared.options(handler_options)
-        for b in dict.fromkeys((1, batch_size)):
-            row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options)}
+        options = prepared.options(handler_options, device)
+        loops = [(1, "arrival")] + ([(batch_size, "arrival"), (batch_size, "length")] if batch_size > 1 else [])
+        for b, order in loops:
+            row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options, device, order)}
             rows.append(row)
-            progress(f"ceiling {prepared.name}: plain loop, batch {b}: {row['texts_per_s']:.1f} texts/s")
+            progress(f"ceiling {prepared.name}: plain loop, batch {b}, {order} order: {row['texts_per_s']:.1f} texts/s")
         for budget in (UNLIMITED_TOKENS, options.max_batch_tokens):
             row = {
                 "backend": prepared.name,
-                **handler_ceiling(prepared, texts, batch_size, {**handler_options, "max_batch_tokens": budget}),
+                **handler_ceiling(prepared, texts, batch_size, {**handler_options, "max_batch_tokens": budget}, device),
             }
             rows.append(row)
             progress(
@@ -162,12 +199,17 @@ def sweep_max_batch_tokens(
 
 
 def worst_batch_seconds(
-    prepared: PreparedBackend, batch_size: int, tokens: int, options: HandlerOptions, repeats: int = 3
+    prepared: PreparedBackend,
+    batch_size: int,
+    tokens: int,
+    options: HandlerOptions,
+    device: str = "cpu",
+    repeats: int = 3,
 ) -> list[float]:
     """Forward time of a full batch at the token cap through the backend's forward pass: what responseTimeout covers."""
     from handlers.tokenization import encode
 
-    model = _served(prepared, options)
+    model = _served(prepared, options, device)
     forward = model.forward
     # Compute does not depend on which tokens: one text cut at the cap, batch_size times.
     batch = encode(model.tokenizer, ["review " * (2 * tokens)] * batch_size, min(tokens, model.token_limit))

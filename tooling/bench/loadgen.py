@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tooling.bench.answers import AnswerCheck
+
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100, linear interpolation) of latencies in seconds, in milliseconds."""
@@ -21,7 +23,9 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _closed_loop(url: str, headers: dict, texts: Sequence[str], concurrency: int, seconds: float) -> dict:
+async def _closed_loop(
+    url: str, headers: dict, texts: Sequence[str], concurrency: int, seconds: float, check: AnswerCheck | None
+) -> dict:
     import aiohttp
 
     latencies: list[float] = []
@@ -36,17 +40,20 @@ async def _closed_loop(url: str, headers: dict, texts: Sequence[str], concurrenc
             nonlocal errors
             i = n
             while time.perf_counter() < deadline:
-                body = texts[i % len(texts)].encode()
+                index = i
+                body = texts[index % len(texts)].encode()
                 i += concurrency
                 sent = time.perf_counter()
                 try:
                     async with session.post(url, data=body) as response:
-                        await response.read()
+                        answer = await response.read()
                         ok = response.status == 200
                 except aiohttp.ClientError:
                     ok = False
                 if ok:
                     latencies.append(time.perf_counter() - sent)
+                    if check is not None:  # after the latency: checking is the client's time, not the server's
+                        check.check(index, answer)
                 else:
                     errors += 1
 
@@ -64,9 +71,13 @@ async def _closed_loop(url: str, headers: dict, texts: Sequence[str], concurrenc
         "p95_ms": percentile_ms(latencies, 95),
         "p99_ms": percentile_ms(latencies, 99),
         "client_cpu_fraction": cpu_used / elapsed,
+        **(check.figures() if check is not None else {}),
     }
 
 
-def closed_loop(url: str, headers: dict, texts: Sequence[str], concurrency: int, seconds: float) -> dict:
-    """Run the load for `seconds`; requests/s, latency percentiles of the 200s, errors and this process' CPU use."""
-    return asyncio.run(_closed_loop(url, headers, texts, concurrency, seconds))
+def closed_loop(
+    url: str, headers: dict, texts: Sequence[str], concurrency: int, seconds: float, check: AnswerCheck | None = None
+) -> dict:
+    """Run the load for `seconds`; requests/s, latency percentiles of the 200s, errors and this process' CPU use;
+    with `check`, every 200's answer compared with its text's answer alone."""
+    return asyncio.run(_closed_loop(url, headers, texts, concurrency, seconds, check))

@@ -31,8 +31,8 @@ def plot(report: Mapping, path: Path) -> None:
     for row in report["ceilings"]:
         if row["kind"] == "loop" and row["backend"] == "pytorch":
             left.axhline(row["texts_per_s"], linestyle=":", color="grey")
-            left.annotate(f"plain PyTorch loop, batch {row['batch_size']}", (1, row["texts_per_s"]), fontsize=7,
-                          color="grey")  # fmt: skip
+            what = f"plain PyTorch loop, batch {row['batch_size']}, {row.get('order', 'arrival')} order"
+            left.annotate(what, (1, row["texts_per_s"]), fontsize=7, color="grey")
     levels = sorted({c["concurrency"] for c in cells})
     for axis, label in ((left, "requests/s"), (right, "p95 latency (ms)")):
         axis.set_xscale("log", base=2)

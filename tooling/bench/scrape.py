@@ -66,3 +66,26 @@ def cell_figures(before: dict[str, float], after: dict[str, float]) -> dict[str,
     for stage in STAGES:
         figures[f"{stage}_ms_per_batch"] = _per(d[f"{stage}_ms"], d["batches"])
     return figures
+
+
+# TorchServe's system metrics (metrics.yaml), one sample per GPU. TorchServe collects them once a minute
+# (and not at all where its nvgpu import fails or there is no GPU), so a cell records the latest sample.
+GPU_UTILIZATION = "GPUUtilization"
+GPU_MEMORY_USED = "GPUMemoryUsed"
+
+
+def _samples(metrics_text: str, name: str) -> list[float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s.value for family in text_string_to_metric_families(metrics_text) for s in family.samples
+            if s.name == name]  # fmt: skip
+
+
+def gpu_figures(metrics_text: str) -> dict[str, float | None]:
+    """GPU utilisation (%, mean over GPUs) and memory used (MB, summed) as /metrics last reported them;
+    None where the server reports none (a CPU host, or GPU metrics that failed): never a made-up 0."""
+    utilization, memory = _samples(metrics_text, GPU_UTILIZATION), _samples(metrics_text, GPU_MEMORY_USED)
+    return {
+        "gpu_utilization_percent": sum(utilization) / len(utilization) if utilization else None,
+        "gpu_memory_used_mb": sum(memory) if memory else None,
+    }

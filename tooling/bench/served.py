@@ -9,9 +9,10 @@ from pathlib import Path
 
 import requests
 
+from tooling.bench.answers import TOLERANCE, AnswerCheck, answers_alone, served_dtype
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.loadgen import closed_loop
-from tooling.bench.scrape import cell_figures, read_counters
+from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
 
 # Load before the measured cells of each registration, as a share of a cell (at most 2 s):
 # the worker's first batches of each shape are slower (allocators, ONNX Runtime's first runs).
@@ -50,6 +51,14 @@ class Layout:
         return f"{self.workers or 'default'}x{self.threads or 'all'}"
 
 
+def gpu_layouts(value: str, threads: int = 0) -> list[Layout]:
+    """'1,2,4,8' -> that many workers per GPU in turn, each with `threads` intra-op threads (0: every core)."""
+    counts = [item.strip() for item in value.split(",")]
+    if not counts or not all(c.isdigit() and int(c) > 0 for c in counts):
+        raise ValueError(f"--gpu-workers is a comma-separated list of worker counts per GPU, got {value!r}")
+    return [Layout(int(c), threads) for c in counts]
+
+
 def parse_layouts(value: str) -> list[Layout]:
     """'1x0,2x1,0x1' -> one worker with every core, two workers with one thread each, the server's default
     number of one-thread workers (a registration with only url, batch_size and max_batch_delay)."""
@@ -68,19 +77,29 @@ def describe_cell(cell: dict) -> str:
         f"{cell['backend']:<9} {cell['layout']:<5} {cell['config']:<24} c={cell['concurrency']:<3} "
         f"{cell['rps']:7.1f} req/s  p50 {cell['p50_ms']:7.1f} ms  p95 {cell['p95_ms']:7.1f} ms  "
         f"batch {cell['mean_batch_size']:.2f}  errors {cell['errors']}  client CPU "
-        f"{100 * cell['client_cpu_fraction']:.0f}% of a core"
+        f"{100 * cell['client_cpu_fraction']:.0f}% of a core  answers wrong {cell['answers_wrong']} of "
+        f"{cell['answers_checked']} (max |dp| {cell['answers_max_abs_diff']:.1e})"
+        + (
+            f"  GPU {cell['gpu_utilization_percent']:.0f}% {cell['gpu_memory_used_mb']:.0f} MB"
+            if cell["gpu_utilization_percent"] is not None and cell["gpu_memory_used_mb"] is not None
+            else ""
+        )
     )
 
 
-def measure_cell(server, model: str, texts: Sequence[str], clients: int, duration: float) -> dict:
-    """One cell of closed-loop load, with what /metrics counted during it."""
+def measure_cell(
+    server, model: str, texts: Sequence[str], clients: int, duration: float, check: AnswerCheck | None = None
+) -> dict:
+    """One cell of closed-loop load, with what /metrics counted during it (and the GPU as it last reported)."""
     url = f"{server.inference_url}/predictions/{model}"
     headers = {"Content-Type": "text/plain", **server.auth("inference")}
     before = read_counters(server.metrics_text(), model)
-    cell = closed_loop(url, headers, texts, clients, duration)
+    cell = closed_loop(url, headers, texts, clients, duration, check)
     time.sleep(METRICS_SETTLE_S)
-    after = read_counters(server.metrics_text(), model)
-    return {**cell, "handler_items": after["items"] - before["items"], **cell_figures(before, after)}
+    text = server.metrics_text()
+    after = read_counters(text, model)
+    return {**cell, "handler_items": after["items"] - before["items"], **cell_figures(before, after),
+            **gpu_figures(text)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,9 +147,12 @@ def served_cells(
     handler_options: dict,
     progress: Callable[[str], None],
     layouts: Sequence[Layout] = (Layout(1, 0),),
+    device: str = "cpu",
 ) -> list[dict]:
     """Every layout x backend x its batching settings x client count, one model measured at a time so none
-    competes; the models of one layout are registered together, then unregistered before the next layout."""
+    competes; the models of one layout are registered together, then unregistered before the next layout.
+    Every answer is checked against its text's answer alone (tooling/bench/answers.py). On cpu the server
+    is told there is no GPU (number_of_gpu=0), so a GPU host's workers stay on the CPU when asked to."""
     from tooling.archiving import pack_archive, write_model_config
     from tooling.torchserve import TorchServe
 
@@ -141,9 +163,14 @@ def served_cells(
                                     **{**handler_options, "cpu_threads": threads})  # fmt: skip
         for p in backends:
             archives[p.name, threads] = pack_archive(p.model_dir, f"bench-{p.name}-t{threads}", store, config).name
+    option = str(handler_options.get("dtype", "auto"))
+    dtypes = {p.name: served_dtype(option, device, p.backend.quantize) for p in backends}
+    expected = {p.name: answers_alone(p.model_dir, texts, handler_options, device) for p in backends}
+    progress(f"answers alone in float32 on {device} for {len(texts)} texts; served as {dtypes}")
     cells = []
     progress(f"packed {len(archives)} archives; starting TorchServe")
-    with TorchServe(Path(workdir) / "server", store) as server:
+    overrides = {"number_of_gpu": "0"} if device == "cpu" else {}
+    with TorchServe(Path(workdir) / "server", store, overrides) as server:
         for layout in layouts:
             models = {
                 f"bench-{p.name}-{layout.label}-b{b.batch_size}-d{b.max_batch_delay_ms}": Registration(
@@ -161,6 +188,7 @@ def served_cells(
                 closed_loop(url, headers, texts, WARM_UP_CLIENTS, min(WARM_UP_MAX_S, WARM_UP_SHARE * duration))
                 time.sleep(METRICS_SETTLE_S)
                 for clients in concurrency:
+                    check = AnswerCheck(expected[r.backend], TOLERANCE[dtypes[r.backend]])
                     cell = {
                         "backend": r.backend,
                         "layout": layout.label,
@@ -169,7 +197,9 @@ def served_cells(
                         "config": r.batching.label,
                         "batch_size": r.batching.batch_size,
                         "max_batch_delay_ms": r.batching.max_batch_delay_ms,
-                        **measure_cell(server, model, texts, clients, duration),
+                        "device": device,
+                        "dtype": dtypes[r.backend],
+                        **measure_cell(server, model, texts, clients, duration, check),
                     }
                     cells.append(cell)
                     progress(describe_cell(cell))
