@@ -191,7 +191,9 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
         print("| backend | max_batch_tokens | texts/s | padded/real | forward passes per batch |")
         print("|---|---:|---:|---:|---:|")
         for prepared in backends:
-            for c in sweep_max_batch_tokens(prepared, texts, args.batch_size, options, args.sweep_max_batch_tokens):
+            for c in sweep_max_batch_tokens(
+                prepared, texts, args.batch_size, options, args.sweep_max_batch_tokens, device
+            ):
                 print(f"| {prepared.name} | {c['max_batch_tokens']} | {c['texts_per_s']:.1f} | "
                       f"{c['padding_waste']:.2f} | {c['forward_passes_per_batch']:.2f} |", flush=True)  # fmt: skip
         return 0

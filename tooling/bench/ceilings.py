@@ -19,7 +19,7 @@ from pathlib import Path
 from handlers.loading import LoadedModel, load_model
 from handlers.options import HandlerOptions
 from tooling.bench.backends import PreparedBackend
-from tooling.bench.device import gpu_id_of, synchronize
+from tooling.bench.device import gpu_id_of, release, synchronize
 from tooling.bench.loadgen import percentile_ms
 
 WARM_UP_TEXTS = 16
@@ -82,7 +82,8 @@ def plain_loop(
             with torch.inference_mode():
                 classifier(**batch.to(on)).logits.softmax(-1).float().cpu()  # the probabilities, on the host
 
-    for i in range(0, WARM_UP_TEXTS, batch_size):  # first runs of each shape are slow (allocators, kernels)
+    # First runs of each shape are slow (allocators, kernels): at least one full batch.
+    for i in range(0, max(WARM_UP_TEXTS, batch_size), batch_size):
         run(list(texts[i : i + batch_size]))
     synchronize(device)
     batch_times = []
@@ -183,18 +184,23 @@ def ceilings(
                 f"ceiling {prepared.name}: handler, batch {batch_size}, {row['planning']} (max_batch_tokens "
                 f"{budget}): {row['texts_per_s']:.1f} texts/s, padded/real tokens {row['padding_waste']:.2f}"
             )
-        gc.collect()
+        release(device)
     return rows
 
 
 def sweep_max_batch_tokens(
-    prepared: PreparedBackend, texts: Sequence[str], batch_size: int, handler_options: dict, budgets: Sequence[int]
+    prepared: PreparedBackend,
+    texts: Sequence[str],
+    batch_size: int,
+    handler_options: dict,
+    budgets: Sequence[int],
+    device: str = "cpu",
 ) -> list[dict]:
     """The handler ceiling at each token budget: the measurement behind the max_batch_tokens default."""
     rows = []
     for budget in budgets:
         options = {**handler_options, "max_batch_tokens": budget}
-        rows.append({"backend": prepared.name, **handler_ceiling(prepared, texts, batch_size, options)})
+        rows.append({"backend": prepared.name, **handler_ceiling(prepared, texts, batch_size, options, device)})
     return rows
 
 

@@ -49,6 +49,18 @@ def backends_for_device(names: Sequence[str], device: str) -> tuple[list[str], d
     return kept, {name: ONNX_ON_CUDA for name in names if BACKENDS[name].onnx}
 
 
+def release(device: str) -> None:
+    """Give the GPU memory of models this process no longer holds back to the driver, so the served cells'
+    GPUMemoryUsed counts the workers (and this process' CUDA context), not models cached here."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def synchronize(device: str) -> None:
     """Wait for the GPU's queued kernels, so a timer stopped after this measures work done, not work launched."""
     if device == "cuda":

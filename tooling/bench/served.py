@@ -11,6 +11,7 @@ import requests
 
 from tooling.bench.answers import TOLERANCE, AnswerCheck, answers_alone, served_dtype
 from tooling.bench.backends import PreparedBackend
+from tooling.bench.device import release
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
 
@@ -154,7 +155,7 @@ def served_cells(
     Every answer is checked against its text's answer alone (tooling/bench/answers.py). On cpu the server
     is told there is no GPU (number_of_gpu=0), so a GPU host's workers stay on the CPU when asked to."""
     from tooling.archiving import pack_archive, write_model_config
-    from tooling.torchserve import TorchServe
+    from tooling.torchserve import TorchServe, default_job_queue_size
 
     store = Path(workdir) / "store"
     archives = {}
@@ -166,10 +167,17 @@ def served_cells(
     option = str(handler_options.get("dtype", "auto"))
     dtypes = {p.name: served_dtype(option, device, p.backend.quantize) for p in backends}
     expected = {p.name: answers_alone(p.model_dir, texts, handler_options, device) for p in backends}
+    release(device)
     progress(f"answers alone in float32 on {device} for {len(texts)} texts; served as {dtypes}")
     cells = []
     progress(f"packed {len(archives)} archives; starting TorchServe")
-    overrides = {"number_of_gpu": "0"} if device == "cpu" else {}
+    # A closed loop never has more requests in flight than clients: a queue that holds them all never
+    # refuses one, so the cells measure capacity and latency, not the latency budget's shedding (which
+    # scripts/overload.py measures). The launchers' default queue, sized for a CPU host's budget, would
+    # refuse hundreds of clients with 503.
+    overrides = {"job_queue_size": str(max(default_job_queue_size(), *concurrency, WARM_UP_CLIENTS))}
+    if device == "cpu":
+        overrides["number_of_gpu"] = "0"
     with TorchServe(Path(workdir) / "server", store, overrides) as server:
         for layout in layouts:
             models = {
