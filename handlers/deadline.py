@@ -45,9 +45,13 @@ def late(deadline_ms: float, now_ms: float) -> Rejection | None:
     return rejection.deadline_exceeded(DEADLINE_HEADER, now_ms - deadline_ms) if now_ms > deadline_ms else None
 
 
-def past_deadline(headers: Mapping[str, Any] | None, now_ms: float) -> Rejection | None:
-    """Why the request must not be computed at `now_ms` (Unix ms): its deadline passed, or it is unreadable."""
-    deadline = read_deadline(headers)
+def refusal(deadline: float | Rejection | None, now_ms: float) -> Rejection | None:
+    """Why a request whose header read as `deadline` (read_deadline) must not be computed at `now_ms`."""
     if deadline is None or isinstance(deadline, Rejection):
         return deadline
     return late(deadline, now_ms)
+
+
+def past_deadline(headers: Mapping[str, Any] | None, now_ms: float) -> Rejection | None:
+    """Why the request must not be computed at `now_ms` (Unix ms): its deadline passed, or it is unreadable."""
+    return refusal(read_deadline(headers), now_ms)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_width, plan_micro_batches
-from handlers.deadline import late, past_deadline, read_deadline
+from handlers.deadline import late, read_deadline, refusal
 from handlers.fault_isolation import run_isolating_faults
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
@@ -63,15 +63,20 @@ class Plan:
 
 
 def read_requests(
-    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], options: HandlerOptions, now_ms: float
+    items: Sequence[Any],
+    headers: Sequence[Mapping[str, Any] | None],
+    deadlines: Sequence[float | Rejection | None],
+    options: HandlerOptions,
+    now_ms: float,
 ) -> list[ParsedRequest]:
     """Each request's body decoded and read as its format: instances, or an error for the whole request.
-    A request past its deadline at `now_ms` (handlers/deadline.py) is not even decoded."""
+    A request past its deadline at `now_ms` (each request's header as read_deadline read it; handlers/
+    deadline.py) is not even decoded."""
     parsed = []
-    for item, item_headers in zip(items, headers):
-        late = past_deadline(item_headers, now_ms)
-        if late is not None:
-            parsed.append(ParsedRequest(PREDICTIONS, error=late))
+    for item, item_headers, deadline in zip(items, headers, deadlines):
+        refused = refusal(deadline, now_ms)
+        if refused is not None:
+            parsed.append(ParsedRequest(PREDICTIONS, error=refused))
             continue
         parsed.append(read_request(item, item_headers, options.max_bytes, options.max_instances))
     return parsed
@@ -231,8 +236,9 @@ def answer_batch(
 ) -> BatchOutcome:
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
-    requests = read_requests(items, headers, model.options, 1000 * time.time())
-    deadlines = {r: d for r, h in enumerate(headers) if isinstance(d := read_deadline(h), float)}
+    read = [read_deadline(h) for h in headers]  # each header parsed once, for both checks
+    requests = read_requests(items, headers, read, model.options, 1000 * time.time())
+    deadlines = {r: d for r, d in enumerate(read) if isinstance(d, float)}
     texts, rejected = validate(requests)
     clock.lap("validation")
 

@@ -76,3 +76,16 @@ def decode_and_validate(value: object, content_type: str | None, max_bytes: int)
 
     headers = {} if content_type is None else {"content-type": content_type}
     return plain_outcome(decode_request({"body": value}, headers, max_bytes))
+
+
+def server_from_layout(workdir: Path, root: Path, config: Path):
+    """A TorchServe (not started) running exactly the generated cluster configuration at `config` for the
+    layout at `root` (standing for /mnt/models): only its addresses and ports move to free loopback ones."""
+    from tooling.cluster_config import MODEL_STORE_DIR
+    from tooling.torchserve import TorchServe, read_properties
+
+    generated = read_properties(config)
+    # TorchServe() points metrics_config at the repository's metrics.yaml; keep the layout's copy.
+    return TorchServe(
+        workdir, root / MODEL_STORE_DIR, overrides={"metrics_config": generated["metrics_config"]}, base=generated
+    )

@@ -41,18 +41,12 @@ def kserve_config_server(kserve_layout, tmp_path_factory):
     by the configuration itself (nothing is registered), without token authorization, and with
     TS_SERVICE_ENVELOPE=kserve in the server's environment.
     """
-    from tooling.cluster_config import MODEL_STORE_DIR
-    from tooling.torchserve import TorchServe, read_properties
+    from tests.support import server_from_layout
+    from tooling.torchserve import read_properties
 
     root, config = kserve_layout
     generated = read_properties(config)
-    server = TorchServe(
-        tmp_path_factory.mktemp("kserve-config-server"),
-        root / MODEL_STORE_DIR,
-        # TorchServe() points metrics_config at the repository's metrics.yaml; keep the layout's copy.
-        overrides={"metrics_config": generated["metrics_config"]},
-        base=generated,
-    )
+    server = server_from_layout(tmp_path_factory.mktemp("kserve-config-server"), root, config)
     changed = {
         key for key in generated.keys() | server.properties.keys() if generated.get(key) != server.properties.get(key)
     }

@@ -58,23 +58,16 @@ def entry_command(config: Path, model_store: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def layout(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
     """The generated cluster layout for a model whose batches stall, with free loopback ports."""
-    from tooling.cluster_config import MODEL_STORE_DIR, build_kserve_layout
-    from tooling.torchserve import TorchServe, read_properties
+    from tests.support import server_from_layout
+    from tooling.cluster_config import build_kserve_layout
 
     archive = make_archive(tiny_checkpoint, "graceful-tiny", fault_marker=SLOW, fault_delay_s=STALL_S)
     root = tmp_path_factory.mktemp("mnt-models")
     config = build_kserve_layout(
         model_store / archive, root, MODEL, root=str(root), batch_size=BATCH, max_batch_delay=50, response_timeout=30
     )
-    generated = read_properties(config)
-    # TorchServe() only picks free ports and writes the configuration; the entry command starts the server.
-    server = TorchServe(
-        tmp_path_factory.mktemp("graceful"),
-        root / MODEL_STORE_DIR,
-        overrides={"metrics_config": generated["metrics_config"]},
-        base=generated,
-    )
-    return server
+    # Only free ports and the configuration are written here; the entry command starts the server.
+    return server_from_layout(tmp_path_factory.mktemp("graceful"), root, config)
 
 
 def _wait_until_ready(server, entry: subprocess.Popen, timeout: float = 180) -> None:

@@ -285,3 +285,15 @@ def test_a_request_the_batchs_pace_would_answer_after_its_deadline_is_dropped_be
     assert len(forward.passes) == outcome.forward_passes == 2
     computed = {len(row) for p in forward.passes for row in p}
     assert computed == {3, 5} and outcome.real_tokens == 3 + 5  # the longest (6 tokens) never ran
+
+
+def test_a_request_already_past_its_deadline_is_refused_before_its_body_is_read():
+    """The refusal comes before decoding: a late request whose body would be refused (not UTF-8, or empty) gets
+    DeadlineExceeded, not the decoding or validation error the per-pass check would leave it with."""
+    model, forward = make_model()
+    past = time.time() - 1
+    late_invalid = ({"body": b"\xff\xfe not utf-8"}, with_deadline("", past)[1])
+    outcome = run(model, late_invalid, with_deadline("", past), text("on time"))
+    assert [a.status for a in outcome.answers] == [503, 503, 200]
+    assert {outcome.answers[i].body["type"] for i in (0, 1)} == {"DeadlineExceeded"}
+    assert len(forward.passes) == 1
