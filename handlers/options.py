@@ -15,6 +15,7 @@ from handlers.cpu_quota import usable_cpus
 OVERLENGTH_POLICIES = ("truncate", "reject")
 FAULT_KINDS = ("error", "oom")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+CUDA_BATCH_TOKENS = 128 * 512  # the auto token budget on CUDA: 128 texts at BERT's 512 tokens
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,10 @@ class HandlerOptions:
     # Padded-token budget of one forward pass; a batch over it is split into
     # length-sorted micro-batches. 0 = auto: on CPU 256 with PyTorch and 64 with ONNX
     # Runtime, where compute grows with every padded token and ONNX Runtime's cost per
-    # pass is small (both measured best in docs/benchmarks.md); 8192 on CUDA, where a
-    # padded batch runs in parallel and each extra pass costs kernel launches.
+    # pass is small (both measured best in docs/benchmarks.md); on CUDA CUDA_BATCH_TOKENS,
+    # one pass for any batch of up to 128 texts: a padded batch runs in parallel and each
+    # extra pass costs kernel launches (on the H100, BERT-base at batch 128 did 4,303 texts/s
+    # in one pass against 1,821 split at 8,192 tokens; docs/benchmarks.md, "GPU").
     max_batch_tokens: int = 0
     # Pad sequence length up to a multiple of this. 0 = auto: 8 on CUDA (tensor cores),
     # 1 on CPU (where padding is pure extra work).
@@ -53,6 +56,12 @@ class HandlerOptions:
     # quota need, and with one thread per worker (the faster layout) it gains nothing
     # (docs/benchmarks.md).
     onnx_spinning: bool = False
+    # CUDA only: the share of the GPU's memory this worker's PyTorch allocator may hold (0 = no cap).
+    # Several workers share one GPU (docs/benchmarks.md, "GPU"); with a cap, a batch too large for
+    # this worker's share fails here as an out-of-memory error, which bisection narrows to the item
+    # that needs it (507 for that item alone), instead of taking memory its neighbours need. Set it to
+    # about 1 / workers per GPU, less the CUDA context (about 0.5 GiB per worker, outside the cap).
+    cuda_memory_fraction: float = 0.0
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
     # Test-only fault hook (handlers/fault_injection.py, wrapped around the forward pass at load):
@@ -100,6 +109,8 @@ class HandlerOptions:
             raise ValueError("max_length must leave room for the special tokens")
         if self.onnx_inter_op_threads < 1:
             raise ValueError("onnx_inter_op_threads must be at least 1")
+        if not 0.0 <= self.cuda_memory_fraction <= 1.0:
+            raise ValueError("cuda_memory_fraction must be between 0 (no cap) and 1")
         if self.cpu_threads < 0 or self.fault_delay_s < 0:
             raise ValueError("cpu_threads and fault_delay_s must not be negative")
 
@@ -110,7 +121,7 @@ class HandlerOptions:
         cpu_tokens = 64 if backend == "onnxruntime" else 256
         return replace(
             self,
-            max_batch_tokens=self.max_batch_tokens or (8192 if cuda else cpu_tokens),
+            max_batch_tokens=self.max_batch_tokens or (CUDA_BATCH_TOKENS if cuda else cpu_tokens),
             pad_to_multiple_of=self.pad_to_multiple_of or (8 if cuda else 1),
             cpu_threads=self.cpu_threads or usable_cpus(),
         )

@@ -21,7 +21,8 @@ cd "$(dirname "$0")/.."
 
 WORKERS_PER_GPU=8
 
-scripts/setup.sh
+# Serving needs none of the test and bench extras (scripts/setup.sh, SETUP_EXTRAS).
+SETUP_EXTRAS=${SETUP_EXTRAS-} scripts/setup.sh
 source scripts/runtime_env.sh
 eval "$(.venv/bin/python scripts/detect_device.py)"
 if [ "$DEVICE" = gpu ]; then

@@ -28,6 +28,10 @@ if [ ! -x .venv/bin/python ]; then
   if [ "$TORCH_SPEC" = keep ]; then
     echo "==> creating .venv on $PYTHON's packages (its CUDA torch is kept)"
     "$PYTHON" -m venv --system-site-packages .venv
+    # PYTHON may itself be a virtual environment (a CUDA image's /opt/…/.venv): --system-site-packages
+    # reaches only its base interpreter's packages, so a .pth file adds PYTHON's own (after .venv's).
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+      >"$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kept-python.pth"
   else
     echo "==> creating .venv"
     "$PYTHON" -m venv .venv
@@ -36,17 +40,33 @@ fi
 
 # requirements.lock (scripts/lock.sh) pins every other package: installed as constraints, so each
 # set-up gets exactly the versions the suite passes with. A change to it, to pyproject.toml or to
-# TORCH_SPEC reinstalls.
+# TORCH_SPEC reinstalls. SETUP_EXTRAS: the project's extras to install beside what serving needs:
+# test and bench by default (README command 2, the benchmark); serve.sh asks for none, so a host that
+# only serves installs only what serving needs. A set-up with more extras already installed satisfies one with fewer.
+EXTRAS=${SETUP_EXTRAS-test,bench}
 stamp=".venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-${TORCH_SPEC//[^A-Za-z0-9.]/_}"
-if [ ! -f "$stamp" ]; then
-  echo "==> installing $TORCH_SPEC and the project (.[test,bench]) at requirements.lock's versions"
+installed_extras=$(cat "$stamp" 2>/dev/null || echo none)
+wanted=$(printf '%s\n' ${EXTRAS//,/ } | sort -u)
+missing_extras=$(comm -23 <(echo "$wanted" | sed '/^$/d') <(printf '%s\n' ${installed_extras//,/ } | sort -u))
+if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
+  if [ -f "$stamp" ]; then
+    EXTRAS=$(printf '%s\n' ${EXTRAS//,/ } ${installed_extras//,/ } | sort -u | paste -sd, -)
+  fi
+  constraints=requirements.lock
+  if [ "$TORCH_SPEC" = keep ]; then
+    # The kept torch came with its own dependencies (an image is built consistent): the lock governs
+    # every other package, those stay as they are (torch 2.11's setuptools<82 would refuse the lock's).
+    constraints=.venv/constraints-beside-kept-torch.txt
+    .venv/bin/python scripts/constraints_beside.py torch requirements.lock >"$constraints"
+  fi
+  echo "==> installing $TORCH_SPEC and the project (.${EXTRAS:+[$EXTRAS]}) at requirements.lock's versions"
   .venv/bin/python -m pip install --quiet --upgrade pip
   if [ "$TORCH_SPEC" != keep ]; then
     .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"
   fi
-  .venv/bin/python -m pip install --quiet --constraint requirements.lock ".[test,bench]"
+  .venv/bin/python -m pip install --quiet --constraint "$constraints" ".${EXTRAS:+[$EXTRAS]}"
   rm -f .venv/.installed-*
-  touch "$stamp"
+  echo "$EXTRAS" >"$stamp"
 fi
 
 echo "==> demo model"

@@ -8,9 +8,13 @@ on a GPU host with `.venv/bin/python -m pytest -m gpu`.
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +26,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
 # The bar for float16 against float32: every probability within 2e-2.
 FP16_TOLERANCE = 2e-2
-# float32 on the GPU against float32 on the CPU (the in-process handler): kernels differ, precision does not.
-FP32_TOLERANCE = 1e-4
+# float32 on the GPU against float32 on the CPU (the in-process handler): their kernels reduce in other
+# orders; on the H100 the tiny model's probabilities differed by up to 2.3e-4 (2026-11-23), so 1e-3.
+FP32_TOLERANCE = 1e-3
 
 
 def workers(server: TorchServe, model: str) -> list[dict]:
@@ -67,7 +72,13 @@ def test_each_request_gets_its_own_answer_with_several_workers_on_one_gpu(
 ):
     # float32 on the GPU, so answers compare with the CPU's alone at a tolerance finer than their spacing.
     separation = 3 * FP32_TOLERANCE
-    texts, alone = distinguishable_texts(loaded_handler, unpacked_model_dir, candidate_texts(), 1000, separation)
+    # 100 texts 3e-3 apart (a thousand cannot be, in [0, 1]), each sent four times in a shuffled order.
+    distinct, answers = distinguishable_texts(
+        loaded_handler, unpacked_model_dir, islice(candidate_texts(), 5000), 100, separation
+    )
+    order = [i for i in range(len(distinct)) for _ in range(4)]
+    random.Random(0).shuffle(order)
+    texts, alone = [distinct[i] for i in order], [answers[i] for i in order]
     archive = make_archive(tiny_checkpoint, "gpu-tiny", dtype="float32")
     assert torchserve.register(archive, batch_size=16, max_batch_delay=5, initial_workers=4).status_code == 200
     try:
@@ -80,6 +91,65 @@ def test_each_request_gets_its_own_answer_with_several_workers_on_one_gpu(
     for response, single in zip(responses, alone):
         assert response.status_code == 200, response.text
         assert_same_answer(response.json(), single, tolerance=FP32_TOLERANCE)
+
+
+# A one-layer BERT 65,536 wide in its feed-forward layer that embeds 8,192 tokens: one text of 8,192
+# tokens needs gigabytes of activations in float16, a short text a few megabytes; a cap between the two
+# makes only the long text run out of memory.
+WIDE_TOKENS = 8192
+WIDE_CAP_BYTES = 512 * 2**20
+
+
+def wide_checkpoint(out_dir: Path) -> Path:
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from tooling.checkpoints import LABELS, minilm_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir(), local_files_only=True, model_max_length=WIDE_TOKENS)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=65536, max_position_embeddings=WIDE_TOKENS, id2label=LABELS,
+                        label2id={v: k for k, v in LABELS.items()})  # fmt: skip
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).eval().save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def test_a_real_cuda_out_of_memory_is_isolated_to_the_item_that_needs_the_memory(
+    torchserve, make_archive, tmp_path_factory
+):
+    import torch
+
+    fraction = WIDE_CAP_BYTES / torch.cuda.get_device_properties(0).total_memory
+    checkpoint = wide_checkpoint(tmp_path_factory.mktemp("wide") / "checkpoint")
+    # One forward pass for the whole batch (no token budget split), so the culprit fails beside its neighbours.
+    archive = make_archive(checkpoint, "gpu-oom", cuda_memory_fraction=fraction, max_length=WIDE_TOKENS,
+                           max_batch_tokens=10**6)  # fmt: skip
+    assert torchserve.register(archive, batch_size=8, max_batch_delay=2000, initial_workers=1).status_code == 200
+    try:
+        neighbours = [f"short review number {i}, fine." for i in range(7)]
+        culprit = "a " * (WIDE_TOKENS - 2)
+        texts = [*neighbours[:3], culprit, *neighbours[3:]]
+        with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+            together = list(pool.map(lambda t: torchserve.predict("gpu-oom", t.encode(), "text/plain"), texts))
+        alone = [torchserve.predict("gpu-oom", t.encode(), "text/plain") for t in neighbours]
+        after = torchserve.predict("gpu-oom", b"the worker serves after its out-of-memory", "text/plain")
+    finally:
+        torchserve.unregister("gpu-oom")
+    assert together[3].status_code == 507, together[3].text
+    assert together[3].json()["type"] == "OutOfMemory", together[3].text
+    served = [r for i, r in enumerate(together) if i != 3]
+    assert [r.status_code for r in served] == [200] * 7, [r.text for r in served]
+    for response, single in zip(served, alone):
+        assert single.status_code == 200
+        assert response.json()["label"] == single.json()["label"]
+        for label, score in single.json()["scores"].items():
+            assert abs(response.json()["scores"][label] - score) <= 1e-3
+    assert after.status_code == 200, after.text
+    # The culprit failed inside a group with its neighbours, and bisection narrowed it down.
+    failed_groups = re.findall(r"forward pass failed for a group of (\d+) items.*out of memory", torchserve.log_text())
+    assert any(int(size) > 1 for size in failed_groups), failed_groups
 
 
 def test_a_worker_killed_on_the_gpu_is_replaced_and_serves_again(torchserve, tiny_checkpoint, make_archive):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from handlers.onnx_forward import CPU_PROVIDER, CUDA_PROVIDER, OnnxBackendError, providers_for, session_options
-from handlers.options import HandlerOptions
+from handlers.options import CUDA_BATCH_TOKENS, HandlerOptions
 from tooling.corpus import LABELS, held_out_examples
 from tooling.onnx_export import (
     DEMO_STAMP,
@@ -135,5 +135,5 @@ def test_the_token_budget_defaults_per_backend_and_device():
     options = HandlerOptions()
     assert options.for_device("cpu").max_batch_tokens == 256  # PyTorch on CPU
     assert options.for_device("cpu", "onnxruntime").max_batch_tokens == 64  # measured best for ONNX Runtime
-    assert options.for_device("cuda", "onnxruntime").max_batch_tokens == 8192
+    assert options.for_device("cuda", "onnxruntime").max_batch_tokens == CUDA_BATCH_TOKENS
     assert HandlerOptions(max_batch_tokens=300).for_device("cpu", "onnxruntime").max_batch_tokens == 300
