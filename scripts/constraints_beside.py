@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+from pathlib import Path
 
 
 def canonical(name: str) -> str:
@@ -18,9 +19,14 @@ def canonical(name: str) -> str:
 
 
 def requirement_names(distribution: str) -> set[str]:
-    """Names of every package `distribution` requires, under any marker or extra."""
+    """Names of the packages `distribution` requires when installed without extras (a platform marker
+    is not evaluated: such a requirement counts, so the lock never contradicts it)."""
     requirements = importlib.metadata.requires(distribution) or []
-    return {canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]) for requirement in requirements}
+    return {
+        canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0])
+        for requirement in requirements
+        if not re.search(r"\bextra\s*==", requirement)
+    }
 
 
 def constraints_beside(distribution: str, lock_text: str) -> list[str]:
@@ -38,4 +44,4 @@ def constraints_beside(distribution: str, lock_text: str) -> list[str]:
 
 if __name__ == "__main__":
     distribution, lock = sys.argv[1:3]
-    print("\n".join(constraints_beside(distribution, open(lock).read())))
+    print("\n".join(constraints_beside(distribution, Path(lock).read_text())))

@@ -59,7 +59,9 @@ if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
     constraints=.venv/constraints-beside-kept-torch.txt
     .venv/bin/python scripts/constraints_beside.py torch requirements.lock >"$constraints"
   fi
-  echo "==> installing $TORCH_SPEC and the project (.${EXTRAS:+[$EXTRAS]}) at requirements.lock's versions"
+  if [ "$TORCH_SPEC" = keep ]; then installing="the project (.${EXTRAS:+[$EXTRAS]}) beside the kept torch"
+  else installing="$TORCH_SPEC and the project (.${EXTRAS:+[$EXTRAS]})"; fi
+  echo "==> installing $installing at requirements.lock's versions"
   .venv/bin/python -m pip install --quiet --upgrade pip
   if [ "$TORCH_SPEC" != keep ]; then
     .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"

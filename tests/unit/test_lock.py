@@ -40,3 +40,26 @@ def test_the_image_installs_the_locked_versions():
     image = pinned_versions(IMAGE_REQUIREMENTS)
     assert image
     assert {name: (version, locked.get(name)) for name, version in image.items() if locked.get(name) != version} == {}
+
+
+def test_beside_a_kept_torch_the_lock_constrains_everything_but_torchs_own_dependencies():
+    # scripts/setup.sh keeps a GPU image's CUDA torch and installs the rest with these constraints: the
+    # lock's pins less what torch itself requires (the H100 image's torch 2.11 needs setuptools<82; the
+    # lock, compiled beside the CPU build, pins 84).
+    from scripts.constraints_beside import constraints_beside
+
+    lock_text = (REPO / "requirements.lock").read_text()
+    kept = {canonicalize_name(Requirement(line).name): line for line in constraints_beside("torch", lock_text)}
+    locked = pinned_versions(REPO / "requirements.lock")
+    torch_needs = {
+        canonicalize_name(Requirement(r).name)
+        for r in metadata.requires("torch") or []
+        if "extra ==" not in r and "extra==" not in r
+    }
+    assert torch_needs & set(locked), "the lock pins none of torch's dependencies: nothing to check"
+    assert set(kept) == set(locked) - torch_needs
+    assert {name: str(Requirement(line).specifier) for name, line in kept.items()} == {
+        name: f"=={locked[name]}" for name in kept
+    }
+    # Requirements behind one of torch's extras (pyyaml) stay pinned: the set-up installs none of them.
+    assert "pyyaml" in kept

@@ -18,7 +18,17 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{len(os.sched_getaffinity(0))} cores, {cpu}, Python {platform.python_version()}"
+    described = f"{len(os.sched_getaffinity(0))} cores, {cpu}, Python {platform.python_version()}"
+    return described + _accelerator()
+
+
+def _accelerator() -> str:
+    """The torch build, and where torch sees a GPU its name and CUDA version, so a GPU run names its device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f", torch {torch.__version__}"
+    return f", torch {torch.__version__}, {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
 
 
 def _f(value, digits: int = 1) -> str:
