@@ -25,10 +25,11 @@ DEFAULT_BUDGET_MS = 1000
 
 # Measured throughput of the default archive at its default layout and batching, per unit of the
 # machine (docs/benchmarks.md): on CPU 180.2 req/s on 2 cores (ONNX fp32, one one-thread worker per
-# core, batch 8); on a GPU 10,714 req/s on one H100 (8 workers, batch 128). A different model or
+# core, batch 8); on a GPU 8,757 req/s on one H100 (BERT-base, not the demo archive: float16, 8 workers,
+# batch 128, 1,024 clients; docs/benchmarks.md#gpu, docs/bench-gpu/benchmark.json). A different model or
 # machine passes its own measured figure (THROUGHPUT_RPS, --throughput-rps).
 CPU_RPS_PER_CORE = 90.0
-GPU_RPS_PER_GPU = 10_700.0
+GPU_RPS_PER_GPU = 8_757.0
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,13 @@ KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 OVERLAYS = ("cpu", "gpu")
-# KServe: Serverless (Knative) and RawDeployment, each a kustomization under deploy/kserve.
-KSERVE_MODES = ("serverless", "raw-deployment")
+# KServe: Serverless (Knative) and RawDeployment, each a kustomization under deploy/kserve, on CPUs and on GPUs.
+KSERVE_CPU_MODES = ("serverless", "raw-deployment")
+KSERVE_GPU_MODES = ("serverless-gpu", "raw-deployment-gpu")
+KSERVE_MODES = KSERVE_CPU_MODES + KSERVE_GPU_MODES
+# The committed GPU measurement (scripts.benchmark --device cuda, docs/benchmarks.md#gpu): every GPU figure
+# in deploy/, tooling/ and the docs is read from it by the tests.
+GPU_BENCHMARK = REPO / "docs" / "bench-gpu" / "benchmark.json"
 KSERVE_GROUP = "serving.kserve.io"
 # The oldest and newest Kubernetes releases kubernetes-validate bundles schemas for.
 KUBERNETES_VERSIONS = ("1.25", "1.37")
@@ -65,6 +70,22 @@ def kustomize(directory: Path) -> tuple[dict, ...]:
         [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=True
     )
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def queue_proxy(mode: str) -> bool:
+    """Knative's queue-proxy sits beside TorchServe in Serverless pods, never in RawDeployment's."""
+    return mode.startswith("serverless")
+
+
+@cache
+def gpu_cells() -> tuple[dict, ...]:
+    """The served cells of the committed GPU measurement (fails while it is not committed)."""
+    import json
+
+    assert GPU_BENCHMARK.is_file(), f"{GPU_BENCHMARK.relative_to(REPO)} is not committed: no GPU figure is backed"
+    cells = tuple(cell for cell in json.loads(GPU_BENCHMARK.read_text())["served"] if cell["device"] == "cuda")
+    assert cells, f"{GPU_BENCHMARK.relative_to(REPO)} holds no cell served on cuda"
+    return cells
 
 
 def by_kind(docs, kind: str) -> list[dict]:

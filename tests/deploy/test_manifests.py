@@ -9,12 +9,14 @@ import pytest
 from tests.deploy.manifests import (
     DEPLOY,
     KSERVE,
+    KSERVE_GPU_MODES,
     KSERVE_GROUP,
     KSERVE_MODES,
     OVERLAYS,
     KServeSchemaError,
     documents,
     manifest_files,
+    one,
     render,
     render_kserve,
     validate,
@@ -88,6 +90,22 @@ def test_the_kserve_check_is_strict():
     wrong_type["spec"]["predictor"]["minReplicas"] = "1"
     broken.append(wrong_type)
     for doc in broken:
+        with pytest.raises(KServeSchemaError):
+            validate(doc)
+
+
+@pytest.mark.parametrize("mode", KSERVE_GPU_MODES)
+def test_the_kserve_check_refuses_a_broken_gpu_variant(mode):
+    """What the GPU variants add (GPU resources, the concurrency target, tolerations) is checked as strictly."""
+    docs = render_kserve(mode)
+    misspelt = copy.deepcopy(one(docs, "ServingRuntime"))
+    resources = misspelt["spec"]["containers"][0]["resources"]
+    resources["limit"] = resources.pop("limits")
+    wrong_type = copy.deepcopy(one(docs, "InferenceService"))
+    wrong_type["spec"]["predictor"]["scaleTarget"] = "1024"
+    bad_toleration = copy.deepcopy(one(docs, "InferenceService"))
+    bad_toleration["spec"]["predictor"]["tolerations"] = [{"key": "nvidia.com/gpu", "efect": "NoSchedule"}]
+    for doc in (misspelt, wrong_type, bad_toleration):
         with pytest.raises(KServeSchemaError):
             validate(doc)
 

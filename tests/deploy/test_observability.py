@@ -16,11 +16,13 @@ import yaml
 
 from tests.deploy.manifests import (
     DEPLOY,
+    KSERVE_MODES,
     KUBERNETES,
     OVERLAYS,
     by_kind,
     kubectl,
     one,
+    queue_proxy,
     render,
     render_kserve,
     validate,
@@ -77,17 +79,18 @@ def torchserve_metrics_reached(annotations: dict[str, str], queue_proxy: bool) -
     return port == str(METRICS_PORT)
 
 
-@pytest.mark.parametrize(("mode", "queue_proxy"), [("serverless", True), ("raw-deployment", False)])
-def test_kserve_pods_expose_torchserves_metrics_to_prometheus(mode, queue_proxy):
+@pytest.mark.parametrize("mode", KSERVE_MODES)
+def test_kserve_pods_expose_torchserves_metrics_to_prometheus(mode):
     annotations = pod_annotations(mode)
-    assert torchserve_metrics_reached(annotations, queue_proxy), annotations
+    assert torchserve_metrics_reached(annotations, queue_proxy(mode)), annotations
     # What the issue found: scraping on, aggregation off -> queue-proxy's own port, no TorchServe metric.
     broken = {**annotations, ENABLE_SCRAPING: "true", ENABLE_AGGREGATION: "false"}
-    assert not torchserve_metrics_reached(broken, queue_proxy)
+    assert not torchserve_metrics_reached(broken, queue_proxy(mode))
 
 
-def test_kserve_raw_deployment_scales_with_the_projects_autoscaler():
-    docs = render_kserve("raw-deployment")
+@pytest.mark.parametrize(("mode", "overlay"), [("raw-deployment", "cpu"), ("raw-deployment-gpu", "gpu")])
+def test_kserve_raw_deployment_scales_with_the_projects_autoscaler(mode, overlay):
+    docs = render_kserve(mode)
     isvc = one(docs, "InferenceService")
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
     assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
@@ -102,11 +105,12 @@ def test_kserve_raw_deployment_scales_with_the_projects_autoscaler():
         isvc["spec"]["predictor"]["minReplicas"],
         isvc["spec"]["predictor"]["maxReplicas"],
     )
-    assert hpa["spec"]["metrics"] == one(render("cpu"), "HorizontalPodAutoscaler")["spec"]["metrics"]
+    # The targets of the plain Kubernetes overlay for the same hardware (CPU or GPU pods).
+    assert hpa["spec"]["metrics"] == one(render(overlay), "HorizontalPodAutoscaler")["spec"]["metrics"]
     # The HPA alert knows this autoscaler's name.
     [at_max] = [r for g in ALERTS["groups"] for r in g["rules"] if r.get("alert") == "BertAutoscalerAtMax"]
     assert hpa["metadata"]["name"] in at_max["expr"]
-    assert one(render("cpu"), "HorizontalPodAutoscaler")["metadata"]["name"] in at_max["expr"]
+    assert one(render(overlay), "HorizontalPodAutoscaler")["metadata"]["name"] in at_max["expr"]
 
 
 def _benchmark_peak_clients() -> int:
@@ -211,7 +215,7 @@ def test_every_pod_meets_pod_security_restricted():
         spec = one(render(overlay), "Deployment")["spec"]["template"]["spec"]
         for container in spec["containers"]:
             _restricted(spec.get("securityContext", {}), container["securityContext"])
-    for mode in ("serverless", "raw-deployment"):
+    for mode in KSERVE_MODES:
         docs = render_kserve(mode)
         pod = one(docs, "InferenceService")["spec"]["predictor"].get("securityContext", {})
         for container in one(docs, "ServingRuntime")["spec"]["containers"]:
@@ -225,12 +229,15 @@ def test_replicas_spread_over_nodes():
         assert "kubernetes.io/hostname" in {c["topologyKey"] for c in constraints}
         for constraint in constraints:
             assert constraint["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-    isvc = one(render_kserve("raw-deployment"), "InferenceService")
-    constraints = isvc["spec"]["predictor"]["topologySpreadConstraints"]
-    assert "kubernetes.io/hostname" in {c["topologyKey"] for c in constraints}
-    for constraint in constraints:
-        # KServe labels predictor pods with their InferenceService's name.
-        assert constraint["labelSelector"]["matchLabels"] == {
-            "serving.kserve.io/inferenceservice": isvc["metadata"]["name"]
-        }
-    assert not by_kind(render_kserve("serverless"), "HorizontalPodAutoscaler")  # Knative scales Serverless
+    for mode in KSERVE_MODES:
+        if queue_proxy(mode):
+            assert not by_kind(render_kserve(mode), "HorizontalPodAutoscaler")  # Knative scales Serverless
+            continue
+        isvc = one(render_kserve(mode), "InferenceService")
+        constraints = isvc["spec"]["predictor"]["topologySpreadConstraints"]
+        assert "kubernetes.io/hostname" in {c["topologyKey"] for c in constraints}
+        for constraint in constraints:
+            # KServe labels predictor pods with their InferenceService's name.
+            assert constraint["labelSelector"]["matchLabels"] == {
+                "serving.kserve.io/inferenceservice": isvc["metadata"]["name"]
+            }
