@@ -36,7 +36,8 @@ class HandlerOptions:
     # pass is small (both measured best in docs/benchmarks.md); on CUDA CUDA_BATCH_TOKENS,
     # one pass for any batch of up to 128 texts: a padded batch runs in parallel and each
     # extra pass costs kernel launches (on the H100, BERT-base at batch 128 did 4,303 texts/s
-    # in one pass against 1,821 split at 8,192 tokens; docs/benchmarks.md, "GPU").
+    # in one pass against 1,821 split at 8,192 tokens; docs/benchmarks.md, "GPU", and
+    # docs/bench-gpu/first-run-one-client-process.md).
     max_batch_tokens: int = 0
     # Pad sequence length up to a multiple of this. 0 = auto: 8 on CUDA (tensor cores),
     # 1 on CPU (where padding is pure extra work).

@@ -4,7 +4,7 @@
         [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60] [--gpus N]
         [--latency-budget-ms 1000 --throughput-rps R]   # the queue: docs/reliability.md, "Overload"
 
---gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 10 ms (on an H100 at 1,024 clients
+--gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 5 ms (on an H100 at 1,024 clients
 8 workers served 3.6x what one did, 8,757 against 2,409 requests/s, with a 5 ms delay: docs/benchmarks.md#gpu),
 and the queue from the GPU's measured 8,757 requests/s, unless --workers, --batch-size, --max-batch-delay or
 --throughput-rps say otherwise.

@@ -2,7 +2,7 @@
 # README command 1: set up if needed, start TorchServe, register the model through the
 # management API with dynamic batching, wait until it is ready, print a curl to try.
 #   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8 on CPU, 128 on a GPU)
-#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2 on CPU, 10 on a GPU)
+#   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2 on CPU, 5 on a GPU)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
 #   WORKERS          worker processes                              (default: one per core on CPU, the
 #                    demo archive running one thread per worker; 8 per GPU on a GPU host). Also the
@@ -26,7 +26,7 @@ SETUP_EXTRAS=${SETUP_EXTRAS-} scripts/setup.sh
 source scripts/runtime_env.sh
 eval "$(.venv/bin/python scripts/detect_device.py)"
 if [ "$DEVICE" = gpu ]; then
-  BATCH_SIZE=${BATCH_SIZE:-128} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-10} WORKERS=${WORKERS:-$((WORKERS_PER_GPU * GPUS))}
+  BATCH_SIZE=${BATCH_SIZE:-128} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-5} WORKERS=${WORKERS:-$((WORKERS_PER_GPU * GPUS))}
 else
   BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2} WORKERS=${WORKERS:-$(nproc)}
 fi

@@ -54,11 +54,11 @@ DEFAULT_MAX_BATCH_DELAY_MS = 2
 
 # The GPU layout. On one H100 at 1,024 clients, batch 128, 8 workers served 3.6x what one did (8,757
 # against 2,409 requests/s: one worker's Python, not the GPU, is the limit; docs/benchmarks.md#gpu, read
-# by tests/deploy from docs/bench-gpu/benchmark.json). Those cells ran with a 5 ms delay; 10 ms is from
-# earlier notes, not re-measured. scripts/serve.sh uses the same on a GPU host (tests/deploy checks they agree).
+# by tests/deploy from docs/bench-gpu/benchmark.json), with a 5 ms delay. scripts/serve.sh uses the same on a
+# GPU host (tests/deploy checks they agree).
 GPU_WORKERS_PER_GPU = 8
 GPU_BATCH_SIZE = 128
-GPU_MAX_BATCH_DELAY_MS = 10
+GPU_MAX_BATCH_DELAY_MS = 5
 
 # Taken unchanged from config.properties: same backpressure, same size caps, same loopback gRPC.
 SHARED_KEYS = (

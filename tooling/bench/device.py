@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 DEVICES = ("auto", "cpu", "cuda")
-# What the next session with an H100 runs (printed at the start of every run, documented in docs/benchmarks.md).
+# The command behind docs/bench-gpu (run there with --duration 8 to fit the session's device time); printed
+# at the start of every run, documented in docs/benchmarks.md.
 GPU_COMMAND = (
     "python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --delays 5 "
     "--gpu-workers 1,8 --concurrency 1,256,1024 --texts 512 --duration 10 --out docs/bench-gpu"
