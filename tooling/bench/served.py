@@ -12,6 +12,7 @@ import requests
 from tooling.bench.answers import TOLERANCE, AnswerCheck, answers_alone, served_dtype
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import release
+from tooling.bench.gpu_sampler import GpuSampler
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
 
@@ -91,16 +92,22 @@ def describe_cell(cell: dict) -> str:
 def measure_cell(
     server, model: str, texts: Sequence[str], clients: int, duration: float, check: AnswerCheck | None = None
 ) -> dict:
-    """One cell of closed-loop load, with what /metrics counted during it (and the GPU as it last reported)."""
+    """One cell of closed-loop load, with what /metrics counted during it and the GPU's use during it."""
     url = f"{server.inference_url}/predictions/{model}"
     headers = {"Content-Type": "text/plain", **server.auth("inference")}
     before = read_counters(server.metrics_text(), model)
-    cell = closed_loop(url, headers, texts, clients, duration, check)
+    with GpuSampler() as gpu:
+        cell = closed_loop(url, headers, texts, clients, duration, check)
     time.sleep(METRICS_SETTLE_S)
     text = server.metrics_text()
     after = read_counters(text, model)
+    # NVML's samples of this cell where it can read the GPU; else TorchServe's last (once a minute) report.
+    sampled = gpu.figures()
+    reported = gpu_figures(text)
+    gpu_cell = {key: sampled[key] if sampled[key] is not None else reported[key] for key in reported}
+    gpu_cell["gpu_figures_from"] = "nvml" if sampled["gpu_utilization_percent"] is not None else "torchserve"
     return {**cell, "handler_items": after["items"] - before["items"], **cell_figures(before, after),
-            **gpu_figures(text)}  # fmt: skip
+            **gpu_cell}  # fmt: skip
 
 
 @dataclass(frozen=True)
