@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     store = workdir / "store"
     build_archive(checkpoint, name="soak", export_path=store)
     seconds = 40.0 if args.short else args.minutes * 60
-    with TorchServe(workdir / "server", store) as server:
+    # The server's keys expire after token_expiration_min (60 by default, docs/configuration.md) and the
+    # soak reads them once: a run of an hour or more was refused at its 60th minute. Its private server's
+    # keys outlive the run instead.
+    expiry = {"token_expiration_min": str(int(seconds / 60) + 60)}
+    with TorchServe(workdir / "server", store, expiry) as server:
         response = server.register("soak.mar", batch_size=8, max_batch_delay=5)
         if response.status_code != 200:
             print(response.text)
