@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
     parser.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
-                        help="how long a request may wait: sets job_queue_size")  # fmt: skip
+                        help="how long a request may wait: sets job_queue_size, and a smaller batch_size "
+                        "when it is under five batch times")  # fmt: skip
     parser.add_argument("--throughput-rps", type=float, default=None,
                         help="the pod's measured requests/s (default: the CPU figure per worker)")  # fmt: skip
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")

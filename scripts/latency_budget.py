@@ -1,7 +1,10 @@
 """What the latency budget gives TorchServe, printed as shell assignments to `eval` (scripts/serve.sh).
 
     eval "$(python -m scripts.latency_budget --device cpu --units 2 --workers 2 --batch-size 8 [--budget-ms 1000])"
-    # LATENCY_BUDGET_MS=1000  THROUGHPUT_RPS=180  JOB_QUEUE_SIZE=66
+    # LATENCY_BUDGET_MS=1000  THROUGHPUT_RPS=180  BATCH_SIZE=8  JOB_QUEUE_SIZE=66
+
+BATCH_SIZE is the one asked for, or smaller when the budget is shorter than five batch times
+(tooling/latency_budget.py, admission); a note on standard error says so.
 
 --throughput-rps replaces the measured figure for the device (tooling/latency_budget.py).
 """
@@ -31,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"LATENCY_BUDGET_MS={result.budget_ms}")
     print(f"THROUGHPUT_RPS={result.throughput_rps:g}")
+    print(f"BATCH_SIZE={result.batch_size}")
+    if result.batch_size < args.batch_size:
+        print(f"latency_budget: a {result.budget_ms} ms budget leaves room for batches of {result.batch_size}, "
+              f"not {args.batch_size} (a batch takes {1000 * args.batch_size * args.workers / throughput:.0f} ms at "
+              f"{throughput:g} req/s)", file=sys.stderr)  # fmt: skip
     print(f"JOB_QUEUE_SIZE={result.job_queue_size}")
     return 0
 

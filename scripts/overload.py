@@ -59,12 +59,12 @@ def unpack(archive: Path, into: Path) -> tuple[Path, Path]:
     return into / "model", into / "model-config.yaml"
 
 
-def start_torchserve(workdir: Path, store: Path, queue: int, progress):
+def start_torchserve(workdir: Path, store: Path, queue: int, batch_size: int, progress):
     from tooling.torchserve import TorchServe
 
     server = TorchServe(workdir, store, overrides={"job_queue_size": str(queue)}).start()
     try:
-        response = server.register(f"{MODEL}.mar", BATCH_SIZE, MAX_BATCH_DELAY_MS, initial_workers=None)
+        response = server.register(f"{MODEL}.mar", batch_size, MAX_BATCH_DELAY_MS, initial_workers=None)
         if response.status_code != 200:
             raise RuntimeError(f"registering failed: {response.text}")
         server.wait_until_ready(MODEL)
@@ -72,7 +72,7 @@ def start_torchserve(workdir: Path, store: Path, queue: int, progress):
         server.stop()
         raise
     workers = len(server.describe(MODEL)[0]["workers"])
-    progress(f"TorchServe up: job_queue_size={queue}, {workers} workers")
+    progress(f"TorchServe up: job_queue_size={queue}, batch_size={batch_size}, {workers} workers")
     return server, workers
 
 
@@ -162,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--saturation-seconds", type=float, default=4.0, help="per round of the measurement")
     parser.add_argument("--litserve-python", help="an interpreter with litserve installed (its own venv)")
     parser.add_argument("--litserve-timeouts", type=floats, default=[0.3, 1.0])
+    parser.add_argument(
+        "--budget-batch-sizes",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[],
+        help="also run each budget at these batch sizes (default: only at the layout's)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 loads, 2 timeouts, 1.5 s cells")
     args = parser.parse_args(argv)
     if args.quick:
@@ -182,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         cells: list[dict] = []
         saturation = workers = 0
         saturation_after: dict = {}
-        plan: list[Setup] = [Setup("today", TODAY_QUEUE, None)]
+        plan: list[Setup] = [Setup("today", TODAY_QUEUE, None, BATCH_SIZE)]
         index = 0
         while index < len(plan):
             setup = plan[index]
-            server, workers = start_torchserve(workdir / f"server-{index}", store, setup.job_queue_size, progress)
+            server, workers = start_torchserve(
+                workdir / f"server-{index}", store, setup.job_queue_size, setup.batch_size, progress
+            )
             try:
                 url = f"{server.inference_url}/predictions/{MODEL}"
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
@@ -194,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 if index == 0:
                     saturation = stable_saturation(url, headers, texts, args.saturation_seconds, progress)
                     progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop)")
-                    plan += setups(saturation, budgets, workers, BATCH_SIZE)[1:]
+                    plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes)[1:]
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
                                    args.seconds, DEFAULT_BUDGET_MS, progress)  # fmt: skip
                 if index == len(plan) - 1:

@@ -11,7 +11,8 @@
 #   BERT_DEVICE      cpu|gpu forces the host's kind (default: scripts/detect_device.py decides)
 #   LATENCY_BUDGET_MS  how long a request may wait for its answer (default 1000): the one overload knob.
 #                    The queue (job_queue_size) holds what the workers finish within it; beyond, 503 at
-#                    once (docs/reliability.md, "Overload"; scripts/latency_budget.py derives it)
+#                    once; a budget under five batch times also gets smaller batches (docs/reliability.md,
+#                    "Overload"; scripts/latency_budget.py derives both)
 #   THROUGHPUT_RPS   this host's measured requests/s for the model (default: the figure measured for
 #                    the demo archive on this kind of host, per core or per GPU)
 # The defaults are the best layouts measured: on CPU docs/benchmarks.md; on a GPU one H100 run

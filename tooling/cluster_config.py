@@ -32,7 +32,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
+from tooling.latency_budget import DEFAULT_BUDGET_MS, Admission, admission, machine_throughput
 from tooling.paths import METRICS_CONFIG, MODEL_CONFIG, REPO, SERVER_CONFIG
 
 DEFAULT_ROOT = "/mnt/models"
@@ -86,13 +86,13 @@ def _model_config_response_timeout() -> int:
 DEFAULT_RESPONSE_TIMEOUT_S = _model_config_response_timeout()
 
 
-def derived_job_queue_size(
+def derived_admission(
     workers: int, batch_size: int, latency_budget_ms: int = DEFAULT_BUDGET_MS, throughput_rps: float | None = None
-) -> int:
-    """The queue the latency budget gives a pod (tooling/latency_budget.py): by default a CPU pod whose
-    one-thread workers each serve the throughput measured per core; a GPU pod passes its measured figure."""
+) -> Admission:
+    """The batch size and queue the latency budget gives a pod (tooling/latency_budget.py): by default a CPU pod
+    whose one-thread workers each serve the throughput measured per core; a GPU pod passes its measured figure."""
     throughput = throughput_rps or machine_throughput("cpu", workers)
-    return admission(latency_budget_ms, throughput, workers, batch_size).job_queue_size
+    return admission(latency_budget_ms, throughput, workers, batch_size)
 
 
 def model_snapshot(
@@ -140,9 +140,11 @@ def cluster_properties(
 ) -> dict[str, str]:
     """The cluster server properties, in the order they are written (see the module docstring for why each).
 
-    job_queue_size None: derived from the latency budget and the throughput (derived_job_queue_size)."""
+    job_queue_size None: derived from the latency budget and the throughput (derived_admission), which also
+    lowers batch_size where the budget is shorter than five batch times."""
     if job_queue_size is None:
-        job_queue_size = derived_job_queue_size(workers, batch_size, latency_budget_ms, throughput_rps)
+        given = derived_admission(workers, batch_size, latency_budget_ms, throughput_rps)
+        batch_size, job_queue_size = given.batch_size, given.job_queue_size
     archive = archive or f"{model_name}.mar"
     shared = _single_machine_properties()
     root = root.rstrip("/")  # "/mnt/models/" and "/mnt/models" give the same paths

@@ -38,6 +38,7 @@ class Admission:
 
     budget_ms: int
     throughput_rps: float
+    batch_size: int  # the largest batch the budget leaves room for, at most the one asked for
     job_queue_size: int
 
 
@@ -49,7 +50,7 @@ def machine_throughput(device: str, units: int) -> float:
 
 
 def admission(budget_ms: int, throughput_rps: float, workers: int, batch_size: int) -> Admission:
-    """The queue that answers a request admitted at the tail of a full queue within half the budget.
+    """The batch size and the queue that answer a request admitted at the tail of a full queue within half the budget.
 
     Under sustained overload the queue is always full, so every admitted request waits the whole
     queue: the requests ahead drain at the throughput, the batches in the workers when it arrives are
@@ -60,8 +61,19 @@ def admission(budget_ms: int, throughput_rps: float, workers: int, batch_size: i
     computed requests finished after their client had given up. A longer queue adds only waiting,
     never throughput, once it keeps the workers fed: so never less than one full batch per worker,
     which the workers draw their batches from (a queue of 1 at 2x load served 61 % of saturation).
+
+    That floor alone waits 2.5 batch times (a batch per worker queued, the one in progress half done,
+    its own), so a budget shorter than five batch times also gets smaller batches: on 2 CPU cores a
+    batch of 8 takes about 90 ms, and a 300 ms budget was mostly spent before its batch began
+    (docs/benchmarks.md, "Overload"). The default budgets leave the batch as asked.
     """
     if budget_ms <= 0 or throughput_rps <= 0 or workers < 1 or batch_size < 1:
         raise ValueError("budget, throughput, workers and batch size must be positive")
-    queue = int(throughput_rps * budget_ms / 1000 / 2 - 1.5 * workers * batch_size)
-    return Admission(budget_ms, throughput_rps, max(workers * batch_size, queue))
+    per_worker_rps = throughput_rps / workers
+    size = max(1, min(batch_size, int(budget_ms / 1000 / 2 / 2.5 * per_worker_rps)))
+    return Admission(budget_ms, throughput_rps, size, queue_size(budget_ms, throughput_rps, workers, size))
+
+
+def queue_size(budget_ms: int, throughput_rps: float, workers: int, batch_size: int) -> int:
+    """The job_queue_size for this batch size as it is (admission() also caps the batch size; see there)."""
+    return max(workers * batch_size, int(throughput_rps * budget_ms / 1000 / 2 - 1.5 * workers * batch_size))

@@ -73,6 +73,14 @@ def test_the_defaults_are_the_single_machine_service_defaults():
     assert int(queue) == admission(500, machine_throughput("cpu", 2), 2, entry["batchSize"]).job_queue_size
 
 
+def test_a_short_budget_registers_the_pod_with_the_smaller_batch_it_leaves_room_for():
+    properties = cluster_config.cluster_properties(workers=2, latency_budget_ms=300)
+    [entry] = json.loads(properties["model_snapshot"])["models"]["bert"].values()
+    given = admission(300, machine_throughput("cpu", 2), 2, cluster_config.DEFAULT_BATCH_SIZE)
+    assert entry["batchSize"] == given.batch_size < cluster_config.DEFAULT_BATCH_SIZE
+    assert int(properties["job_queue_size"]) == given.job_queue_size
+
+
 def test_the_layout_command_writes_what_kserve_expects(tmp_path, capsys):
     archive = fake_archive(tmp_path / "built.mar", version="3.0")
     out = tmp_path / "kserve"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scripts import latency_budget
-from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
+from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput, queue_size
 
 
 def test_the_queue_holds_what_the_workers_finish_in_half_the_budget_less_one_and_a_half_batches_each():
@@ -15,8 +15,23 @@ def test_the_queue_holds_what_the_workers_finish_in_half_the_budget_less_one_and
 
 
 def test_a_budget_too_short_still_queues_a_full_batch_per_worker():
-    assert admission(50, 180.0, 2, 8).job_queue_size == 16
-    assert admission(300, 180.0, 2, 8).job_queue_size == 16
+    given = admission(50, 180.0, 2, 8)
+    assert given.job_queue_size == 2 * given.batch_size
+
+
+def test_a_budget_under_five_batch_times_gets_smaller_batches():
+    # 90 req/s per worker: a batch of 8 takes 89 ms, and a full queue's floor waits 2.5 batch times (222 ms of
+    # 300). Batches of 5 (56 ms) hold it to half the budget, and the queue follows the smaller batch.
+    given = admission(300, 180.0, 2, 8)
+    assert (given.batch_size, given.job_queue_size) == (5, int(180 * 0.15 - 1.5 * 2 * 5))
+    assert 2.5 * given.batch_size / 90 <= 0.150 < 2.5 * (given.batch_size + 1) / 90
+    assert queue_size(300, 180.0, 2, 8) == 16  # the batch as asked: the queue floor of one batch per worker
+
+
+def test_the_default_budgets_leave_the_batch_as_asked():
+    assert admission(DEFAULT_BUDGET_MS, machine_throughput("cpu", 2), 2, 8).batch_size == 8
+    assert admission(DEFAULT_BUDGET_MS, machine_throughput("gpu", 1), 8, 128).batch_size == 128
+    assert admission(60_000, 180.0, 2, 8).batch_size == 8  # never larger than asked
 
 
 def test_the_queue_grows_with_the_budget_and_the_throughput():
@@ -38,8 +53,15 @@ def test_the_command_prints_shell_assignments_for_serve_sh(capsys):
     assert printed == {
         "LATENCY_BUDGET_MS": str(DEFAULT_BUDGET_MS),
         "THROUGHPUT_RPS": f"{expected.throughput_rps:g}",
+        "BATCH_SIZE": "8",
         "JOB_QUEUE_SIZE": str(expected.job_queue_size),
     }
     assert latency_budget.main(["--device", "cpu", "--units", "2", "--workers", "2", "--batch-size", "8",
                                 "--budget-ms", "300", "--throughput-rps", "1000"]) == 0  # fmt: skip
     assert "JOB_QUEUE_SIZE=126" in capsys.readouterr().out
+    # A budget too short for the batch asked: serve.sh registers the smaller one, and is told why.
+    assert latency_budget.main(["--device", "cpu", "--units", "2", "--workers", "2", "--batch-size", "8",
+                                "--budget-ms", "300"]) == 0  # fmt: skip
+    printed = capsys.readouterr()
+    assert "BATCH_SIZE=5" in printed.out.split()
+    assert "batches of 5, not 8" in printed.err

@@ -34,6 +34,8 @@ class Setup:
     label: str
     job_queue_size: int
     budget_ms: int | None  # None: no budget (today)
+    batch_size: int
+    comparison: bool = False  # a batch size the budget would not give: measured for contrast, no target
 
 
 def handler_counts(server, model: str) -> tuple[float, float]:
@@ -78,12 +80,21 @@ def measure_cell(
     }
 
 
-def setups(saturation_rps: float, budgets_ms: Sequence[int], workers: int, batch_size: int) -> list[Setup]:
-    from tooling.latency_budget import admission
+def setups(
+    saturation_rps: float, budgets_ms: Sequence[int], workers: int, batch_size: int, batch_sizes: Sequence[int] = ()
+) -> list[Setup]:
+    """Today's setup, then one per budget with the batch size and queue the budget gives (tooling/latency_budget.py),
+    and again at each of `batch_sizes` (a comparison: the same budget's queue for that batch size)."""
+    from tooling.latency_budget import admission, queue_size
 
-    derived = [Setup(f"budget {b} ms", admission(b, saturation_rps, workers, batch_size).job_queue_size, b)
-               for b in budgets_ms]  # fmt: skip
-    return [Setup("today", TODAY_QUEUE, None), *derived]
+    derived = []
+    for budget in budgets_ms:
+        given = admission(budget, saturation_rps, workers, batch_size)
+        derived.append(Setup(f"budget {budget} ms", given.job_queue_size, budget, given.batch_size))
+        for size in (b for b in batch_sizes if b != given.batch_size):
+            queue = queue_size(budget, saturation_rps, workers, size)
+            derived.append(Setup(f"budget {budget} ms, batch {size}", queue, budget, size, comparison=True))
+    return [Setup("today", TODAY_QUEUE, None, batch_size), *derived]
 
 
 def cells_for(setup: Setup, timeouts_s: Sequence[float], default_budget_ms: int) -> list[tuple[float, bool, tuple]]:
@@ -114,6 +125,8 @@ def run_setup(
                     "server": "torchserve",
                     "setup": setup.label + ("" if deadline or setup.budget_ms is None else ", no deadline"),
                     "job_queue_size": setup.job_queue_size,
+                    "batch_size": setup.batch_size,
+                    "comparison": setup.comparison,
                     "budget_ms": setup.budget_ms,
                     "deadline_header": deadline,
                     "timeout_s": timeout_s,

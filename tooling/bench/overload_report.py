@@ -39,7 +39,7 @@ def evaluate(cells: Sequence[Mapping], default_budget_ms: int) -> list[dict]:
     rows = []
     for c in cells:
         budget = c.get("budget_ms")
-        if c["server"] != "torchserve" or budget is None:
+        if c["server"] != "torchserve" or budget is None or c.get("comparison"):
             continue
         matches = round(1000 * c["timeout_s"]) == budget or (
             budget == default_budget_ms and 1000 * c["timeout_s"] > budget
@@ -55,7 +55,8 @@ def evaluate(cells: Sequence[Mapping], default_budget_ms: int) -> list[dict]:
                      "measured": c["p99_ms"], "met": not c["p99_ms"] > budget})  # fmt: skip
     today = {(c["timeout_s"], c["arrivals"]): c for c in cells if c["setup"] == "today" and c["multiple"] == 0.5}
     for c in cells:
-        if c["server"] == "torchserve" and c["budget_ms"] is not None and c["multiple"] == 0.5 and c["deadline_header"]:
+        if (c["server"] == "torchserve" and c["budget_ms"] is not None and c["multiple"] == 0.5
+                and c["deadline_header"] and not c.get("comparison")):  # fmt: skip
             name = f"{c['setup']}, client {c['timeout_s']} s, {c['arrivals']}, 0.5x"
             rows.append(
                 {"target": f"{name}: no refusals", "measured": c["refused_total"], "met": c["refused_total"] == 0}
