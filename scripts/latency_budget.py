@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
+from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, batch_time_ms, machine_throughput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"THROUGHPUT_RPS={result.throughput_rps:g}")
     print(f"BATCH_SIZE={result.batch_size}")
     if result.batch_size < args.batch_size:
-        print(f"latency_budget: a {result.budget_ms} ms budget leaves room for batches of {result.batch_size}, "
-              f"not {args.batch_size} (a batch takes {1000 * args.batch_size * args.workers / throughput:.0f} ms at "
-              f"{throughput:g} req/s)", file=sys.stderr)  # fmt: skip
+        took = batch_time_ms(args.batch_size, throughput, args.workers)
+        note = (f"latency_budget: a {result.budget_ms} ms budget leaves room for batches of {result.batch_size}, "
+                f"not {args.batch_size} (a batch takes {took:.0f} ms at {throughput:g} req/s)")  # fmt: skip
+        print(note, file=sys.stderr)
     print(f"JOB_QUEUE_SIZE={result.job_queue_size}")
     return 0
 

@@ -31,6 +31,12 @@ DEFAULT_BUDGET_MS = 1000
 CPU_RPS_PER_CORE = 90.0
 GPU_RPS_PER_GPU = 8_757.0
 
+# The wait model (admission): a request at the tail of a full queue waits at most this share of the
+# budget, and besides the queue ahead of it, this many batch times (the one in progress, half done on
+# average, then its own).
+WAIT_SHARE = 0.5
+BATCHES_IN_FLIGHT = 1.5
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -69,11 +75,18 @@ def admission(budget_ms: int, throughput_rps: float, workers: int, batch_size: i
     """
     if budget_ms <= 0 or throughput_rps <= 0 or workers < 1 or batch_size < 1:
         raise ValueError("budget, throughput, workers and batch size must be positive")
-    per_worker_rps = throughput_rps / workers
-    size = max(1, min(batch_size, int(budget_ms / 1000 / 2 / 2.5 * per_worker_rps)))
+    wait_s = budget_ms / 1000 * WAIT_SHARE
+    # The queue's floor (one batch per worker) is one batch time, so the floor alone waits 1 + 1.5 batch times.
+    size = max(1, min(batch_size, int(wait_s / (1 + BATCHES_IN_FLIGHT) * throughput_rps / workers)))
     return Admission(budget_ms, throughput_rps, size, queue_size(budget_ms, throughput_rps, workers, size))
 
 
 def queue_size(budget_ms: int, throughput_rps: float, workers: int, batch_size: int) -> int:
     """The job_queue_size for this batch size as it is (admission() also caps the batch size; see there)."""
-    return max(workers * batch_size, int(throughput_rps * budget_ms / 1000 / 2 - 1.5 * workers * batch_size))
+    wait_s = budget_ms / 1000 * WAIT_SHARE
+    return max(workers * batch_size, int(throughput_rps * wait_s - BATCHES_IN_FLIGHT * workers * batch_size))
+
+
+def batch_time_ms(batch_size: int, throughput_rps: float, workers: int) -> float:
+    """How long one worker takes over a batch at its share of the throughput."""
+    return 1000 * batch_size * workers / throughput_rps
