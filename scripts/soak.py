@@ -1,7 +1,7 @@
 """Soak: steady mixed traffic against a private TorchServe; reports failures and worker memory.
 
     python -m scripts.soak --minutes 30            # the full soak (not part of CI)
-    python -m scripts.soak --short                 # ~1 minute, run by the test suite
+    python -m scripts.soak --short                 # ~40 s, run by the test suite
     python -m scripts.soak --minutes 60 --load 0.8 --checkpoint build/demo-model   # the issue-19 soak
 
 --load L sends the same mix open-loop (Poisson arrivals) at L x the saturation measured first
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--short", action="store_true", help="40 s of traffic after a 10 s warm-up, then assert")
+    parser.add_argument("--short", action="store_true", help="20 s of traffic after a 10 s warm-up, then assert")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny random BERT)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.checkpoint or build_random_classifier(workdir / "tiny", "tiny")
     store = workdir / "store"
     build_archive(checkpoint, name="soak", export_path=store)
-    seconds = 40.0 if args.short else args.minutes * 60
+    # --short checks the soak itself end to end (the suite runs it); the hour is the measurement.
+    seconds = 20.0 if args.short else args.minutes * 60
     # The server's keys expire after token_expiration_min (60 by default, docs/configuration.md) and the
     # soak reads them once: a run of an hour or more was refused at its 60th minute. Its private server's
     # keys outlive the run instead.
