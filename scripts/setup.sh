@@ -63,12 +63,10 @@ if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
   else installing="$TORCH_SPEC and the project (.${EXTRAS:+[$EXTRAS]})"; fi
   echo "==> installing $installing at requirements.lock's versions"
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # --no-compile: byte-compiling every file of torch and its neighbours took longer than installing them
-  # (torch alone: 36 s against 12 s on 2 cores); Python compiles the modules actually imported, once.
   if [ "$TORCH_SPEC" != keep ]; then
-    .venv/bin/python -m pip install --quiet --no-compile --constraint requirements.lock "$TORCH_SPEC"
+    .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"
   fi
-  .venv/bin/python -m pip install --quiet --no-compile --constraint "$constraints" ".${EXTRAS:+[$EXTRAS]}"
+  .venv/bin/python -m pip install --quiet --constraint "$constraints" ".${EXTRAS:+[$EXTRAS]}"
   rm -f .venv/.installed-*
   echo "$EXTRAS" >"$stamp"
 fi
