@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -109,9 +108,9 @@ def wait_idle(url: str, headers: dict, body: str, limit_s: float = 120.0) -> Non
 
 def litserve_cells(python: str, model_dir: Path, options: Path, workers: int, texts, saturation: float,
                    multiples, timeouts, seconds: float, progress) -> list[dict]:  # fmt: skip
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from tooling.torchserve import free_port
+
+    port = free_port()
     command = [python, "-m", "tooling.bench.litserve_app", "--model-dir", str(model_dir), "--options", str(options),
                "--port", str(port), "--workers", str(workers), "--batch-size", str(BATCH_SIZE),
                "--batch-timeout", str(MAX_BATCH_DELAY_MS / 1000)]  # fmt: skip

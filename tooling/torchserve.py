@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -29,10 +30,44 @@ from tooling.paths import METRICS_CONFIG, SERVER_CONFIG
 PORT_NAMES = ("inference", "management", "metrics", "grpc_i", "grpc_m")
 
 
+# Ports handed out by this process, never handed out twice.
+_HANDED_OUT: set[int] = set()
+LOWEST_PORT = 10_000
+
+
+def _ephemeral_low(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the kernel gives outgoing connections (32768 unless configured otherwise)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now, below the kernel's ephemeral range.
+
+    A port bound to 0 comes from the ephemeral range, where any outgoing connection (a client of
+    another test, pip, the JVM) can take it between this check and the server's bind: seen in a
+    fresh-clone run as TorchServe's gRPC "Failed to bind ... Address already in use". Below that
+    range only a listener can take it.
+    """
+    high = _ephemeral_low()
+    if high <= LOWEST_PORT:  # an unusual kernel configuration: no room below the range
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    for _ in range(1000):
+        port = random.randrange(LOWEST_PORT, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port between {LOWEST_PORT} and {high}")
 
 
 # The final line of a traceback a worker printed, e.g. "handlers.loading.ModelLoadFailed: cannot load ...".
