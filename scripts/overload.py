@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ import requests
 from tooling.bench.corpus import build_corpus
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.openloop import open_loop
-from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, setups
+from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, server_cpu_seconds, setups
 from tooling.bench.overload_report import evaluate, plot, table, targets_table
 from tooling.bench.report import machine
 from tooling.latency_budget import DEFAULT_BUDGET_MS
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         cells: list[dict] = []
         saturation = workers = 0
         saturation_after: dict = {}
+        saturation_cpu: dict = {}
         plan: list[Setup] = [Setup("today", TODAY_QUEUE, None, BATCH_SIZE)]
         index = 0
         while index < len(plan):
@@ -199,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
                 warm_up(url, headers, texts)
                 if index == 0:
+                    cpu_before, began = server_cpu_seconds(server, MODEL), time.monotonic()
                     saturation = stable_saturation(url, headers, texts, args.saturation_seconds, progress)
-                    progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop)")
+                    cpu_after, elapsed = server_cpu_seconds(server, MODEL), time.monotonic() - began
+                    saturation_cpu = {"workers": (cpu_after[0] - cpu_before[0]) / elapsed,
+                                      "frontend": (cpu_after[1] - cpu_before[1]) / elapsed}  # fmt: skip
+                    progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop); "
+                             f"CPU cores: workers {saturation_cpu['workers']:.2f}, "
+                             f"frontend {saturation_cpu['frontend']:.2f}")  # fmt: skip
                     plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes)[1:]
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
                                    args.seconds, DEFAULT_BUDGET_MS, progress)  # fmt: skip
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": (time.time() - started) / 60,
         "saturation_rps": saturation,
         "saturation_at_the_end_rps": saturation_after.get("rps"),
+        "saturation_cpu_cores": saturation_cpu,
         "workers": workers,
         "batch_size": BATCH_SIZE,
         "max_batch_delay_ms": MAX_BATCH_DELAY_MS,
@@ -236,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "overload.json").write_text(json.dumps(report, indent=1))
     title = (f"{machine()}; saturation {saturation:.0f} req/s (at the end: "
              f"{saturation_after.get('rps', float('nan')):.0f}); load average {load_before[0]:.1f} before, "
-             f"{report['load_average_after'][0]:.1f} after")  # fmt: skip
+             f"{report['load_average_after'][0]:.1f} after; CPU cores at saturation: workers "
+             f"{saturation_cpu.get('workers', math.nan):.2f}, "
+             f"frontend {saturation_cpu.get('frontend', math.nan):.2f}")  # fmt: skip
     lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *table(cells), "", "Targets:", "",
              *targets_table(targets), ""]  # fmt: skip
     (args.out / "overload.md").write_text("\n".join(lines))

@@ -9,11 +9,14 @@ per core) and the default archive:
   contrast, clients that send none ("budget B, no deadline": the queue alone).
 Per cell, from the client: offered, answered in time, refused (by status and type), gave up, p50/p99 of
 the answered; from the handler's own counters (bert_items_total, bert_rejected_items_total): items computed
-(handed to the handler and not refused by it) and how many of them nobody received (wasted).
+(handed to the handler and not refused by it) and how many of them nobody received (wasted); and where the
+machine's CPU went while the arrivals ran: the model's workers, the rest of the server (the frontend that
+queues, batches and refuses), and the load generator, each in cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +48,25 @@ def handler_counts(server, model: str) -> tuple[float, float]:
             metric_value(text, REJECTED, **{HANDLER_MODEL_LABEL: model}))  # fmt: skip
 
 
+def server_cpu_seconds(server, model: str) -> tuple[float, float]:
+    """CPU seconds used so far by (the model's workers, the rest of the server's process tree: the frontend and
+    its launcher). Why: on a machine the load generator shares, goodput under overload is bounded by the cores
+    the workers still get, and this is what shows it."""
+    import psutil
+
+    workers = {w["pid"] for w in server.describe(model)[0]["workers"]}
+    root = psutil.Process(server.process.pid)
+    worker_s = frontend_s = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            if process.pid in workers:
+                worker_s += times.user + times.system
+            else:
+                frontend_s += times.user + times.system
+    return worker_s, frontend_s
+
+
 def wait_drained(server, model: str, limit_s: float) -> None:
     """Until the frontend's queue for `model` is empty and the batches in the workers have had time to finish."""
     deadline = time.monotonic() + limit_s
@@ -63,7 +85,9 @@ def measure_cell(
     url = f"{server.inference_url}/predictions/{model}"
     headers = {"Content-Type": "text/plain", **server.auth("inference")}
     items_before, refused_before = handler_counts(server, model)
+    cpu_before, started = server_cpu_seconds(server, model), time.monotonic()
     result = open_loop(url, headers, texts, rate, seconds, timeout_s, arrivals, deadline)
+    cpu_after, elapsed = server_cpu_seconds(server, model), time.monotonic() - started
     wait_drained(server, model, limit_s=30.0)
     time.sleep(METRICS_SETTLE_S)
     items_after, refused_after = handler_counts(server, model)
@@ -77,6 +101,8 @@ def measure_cell(
         "computed": computed,
         "wasted": wasted,
         "wasted_share": wasted / computed if computed else 0.0,
+        "workers_cpu_cores": (cpu_after[0] - cpu_before[0]) / elapsed,
+        "frontend_cpu_cores": (cpu_after[1] - cpu_before[1]) / elapsed,
     }
 
 

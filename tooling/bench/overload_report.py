@@ -19,7 +19,8 @@ def _f(value, digits: int = 0) -> str:
 def table(cells: Sequence[Mapping]) -> list[str]:
     lines = [
         "| server, setup | queue | client timeout | arrivals | load | offered/s | answered in time/s | % of saturation "
-        "| refused | client gave up | p50 ms | p99 ms | computed | computed for nobody | load generator CPU |",
+        "| refused | client gave up | p50 ms | p99 ms | computed | computed for nobody "
+        "| CPU cores: workers / frontend / load generator |",
         "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
@@ -29,7 +30,8 @@ def table(cells: Sequence[Mapping]) -> list[str]:
             f"| {c['server']}, {c['setup']} | {c.get('job_queue_size', '∞')} | {c['timeout_s']} s | {c['arrivals']} | "
             f"{c['multiple']}x | {_f(c['offered_rps'])} | {_f(c['goodput_rps'])} | {_f(100 * c['goodput_share'])} | "
             f"{refused} | {c['gave_up']} | {_f(c['p50_ms'])} | {_f(c['p99_ms'])} | {_f(c.get('computed'))} | {wasted} "
-            f"| {_f(100 * c['client_cpu_fraction'])} % |"
+            f"| {_f(c.get('workers_cpu_cores'), 2)} / {_f(c.get('frontend_cpu_cores'), 2)} / "
+            f"{_f(c['client_cpu_fraction'], 2)} |"
         )
     return lines
 
