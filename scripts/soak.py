@@ -5,10 +5,11 @@
     python -m scripts.soak --minutes 60 --load 0.8 --checkpoint build/demo-model   # the issue-19 soak
 
 --load L sends the same mix open-loop (Poisson arrivals) at L x the saturation measured first
-(closed loop, 16 clients, 20 s), whatever the answers, and then checks the issue's criteria: worker
-RSS growth after warm-up under 5 %, p99 of the valid requests in the last window (a sixth of the
-run, at most 10 minutes) within 20 % of the first window's, and no request with another status than
-its expected one (nor unanswered within 60 s). The exit status says whether they held.
+(closed loop, 16 clients, rounds of 20 s until two agree within 10 %: the lower), whatever the
+answers, and then checks the issue's criteria: worker RSS growth after warm-up under 5 %, p99 of
+the valid requests in the last window (a sixth of the run, at most 10 minutes) within 20 % of the
+first window's, and no request with another status than its expected one (nor unanswered within
+60 s). The exit status says whether they held.
 
 Warm-up is the first window: worker RSS is taken as the reference when it ends, and growth is
 measured from there to the end (the RSS 30 s in is printed too). Why: the allocator's pools fill as
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         drive(server, "soak", 10.0, args.clients, seed=1)  # warm-up: allocator pools, caches
         rate = 0.0
         if args.load:
-            sent, _ = drive(server, "soak", 20.0, 16, seed=3)
-            rate = args.load * sent / 20.0
-            print(f"saturation {sent / 20.0:.1f} req/s (16 clients, closed loop): open loop at {rate:.1f} req/s")
+            saturation = stable_saturation(server)
+            rate = args.load * saturation
+            print(f"saturation {saturation:.1f} req/s (16 clients, closed loop): open loop at {rate:.1f} req/s")
         start_rss = worker_rss_mb(server, "soak")
         load = f"open loop at {rate:.1f} req/s" if rate else f"{args.clients} clients"
         print(f"soaking for {seconds:.0f}s with {load}; worker RSS at start {start_rss:.1f} MB")
@@ -115,6 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: expected no failures and RSS growth under {args.max_rss_growth_mb} MB")
         return 1
     return 0
+
+
+def stable_saturation(server: TorchServe, seconds: float = 20.0, rounds: int = 6) -> float:
+    """Closed-loop requests/s (16 clients, the soak's mix) in rounds until two in a row agree within 10 %: the
+    lower of the two. Why: a single 20 s reading (34.1 req/s) overstated what the server sustained for an hour;
+    the open loop at 80 % of it filled the queue several times and 963 requests were refused."""
+    previous = 0.0
+    for round_ in range(rounds):
+        sent, _ = drive(server, "soak", seconds, 16, seed=3 + round_)
+        rps = sent / seconds
+        print(f"  closed loop, 16 clients: {rps:.1f} req/s")
+        if previous and abs(rps - previous) <= 0.1 * previous:
+            return min(rps, previous)
+        previous = rps
+    return previous
 
 
 def warmup_seconds(seconds: float) -> float:
