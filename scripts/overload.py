@@ -7,10 +7,12 @@ One run, one machine: the default archive (model_store/bert.mar, repacked with t
 handlers) served by private TorchServes at the landed layout (batch 8, 2 ms, one worker per core).
 First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %);
 then each setup (tooling/bench/overload.py: today's queue of 100, and each latency budget's queue
-with and without client deadlines) takes open-loop arrivals (constant and Poisson) at each
-multiple of it, each client giving up after its timeout. LitServe, serving the same model and
-pipeline from a venv of its own, takes the same load for contrast. Writes overload.json (every
-figure), overload.md (tables, targets) and overload.png.
+and batch size with and without client deadlines) takes open-loop arrivals (constant and Poisson)
+at each multiple of it, each client giving up after its timeout; per cell it records where the
+CPU went (workers, frontend, load generator). At the end the saturation is measured again on a
+fresh server of the first layout. LitServe, serving the same model and pipeline from a venv of its
+own, takes the same load for contrast. Writes overload.json (every figure), overload.md (tables,
+targets) and overload.png.
 """
 
 from __future__ import annotations
@@ -92,6 +94,22 @@ def stable_saturation(url: str, headers: dict, texts, seconds: float, progress) 
             return rps
         previous = rps
     return previous
+
+
+def saturation_again(workdir: Path, store: Path, texts, seconds: float, progress) -> dict:
+    """The closed-loop saturation measured again at the end, on a fresh server with the first setup's layout:
+    other load on a shared machine moves it, and this shows by how much. (On the last setup's server a short
+    budget's small queue would refuse the closed loop's 32 clients, and the figure would mean nothing.)"""
+    server, _ = start_torchserve(workdir, store, TODAY_QUEUE, BATCH_SIZE, progress)
+    try:
+        url = f"{server.inference_url}/predictions/{MODEL}"
+        headers = {"Content-Type": "text/plain", **server.auth("inference")}
+        warm_up(url, headers, texts)
+        result = closed_loop(url, headers, texts, SATURATION_CLIENTS, seconds)
+    finally:
+        server.stop()
+    progress(f"saturation at the end: {result['rps']:.1f} req/s")
+    return result
 
 
 def wait_idle(url: str, headers: dict, body: str, limit_s: float = 120.0) -> None:
@@ -212,13 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                     plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes)[1:]
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
                                    args.seconds, DEFAULT_BUDGET_MS, progress)  # fmt: skip
-                if index == len(plan) - 1:
-                    # Measured again at the end: other load on a shared machine moves it, and this shows by how much.
-                    saturation_after = closed_loop(url, headers, texts, SATURATION_CLIENTS, args.saturation_seconds)
-                    progress(f"saturation at the end: {saturation_after['rps']:.1f} req/s")
             finally:
                 server.stop()
             index += 1
+        saturation_after = saturation_again(workdir / "server-end", store, texts, args.saturation_seconds, progress)
         if args.litserve_python:
             cells += litserve_cells(args.litserve_python, model_dir, options, workers, texts, saturation,
                                     args.multiples, args.litserve_timeouts, args.seconds, progress)  # fmt: skip
@@ -248,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
              f"{report['load_average_after'][0]:.1f} after; CPU cores at saturation: workers "
              f"{saturation_cpu.get('workers', math.nan):.2f}, "
              f"frontend {saturation_cpu.get('frontend', math.nan):.2f}")  # fmt: skip
-    lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *table(cells), "", "Targets:", "",
-             *targets_table(targets), ""]  # fmt: skip
+    per_core = saturation / saturation_cpu["workers"] if saturation_cpu.get("workers") else math.nan
+    lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *table(cells, per_core), "",
+             "Targets:", "", *targets_table(targets), ""]  # fmt: skip
     (args.out / "overload.md").write_text("\n".join(lines))
     plot(cells, saturation, args.out / "overload.png", title)
     print("\n".join(lines))

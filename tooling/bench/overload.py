@@ -22,12 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from handlers.handler_metrics import ITEMS, REJECTED
-from tooling.bench.openloop import open_loop
+from tooling.bench.openloop import ARRIVALS, open_loop
 from tooling.bench.scrape import HANDLER_MODEL_LABEL
 from tooling.prometheus import metric_value
 
 # The queue config.properties held before the latency budget: the "today" setup.
 TODAY_QUEUE = 100
+# The load at which "nothing changes" is the issue's target.
+HALF_LOAD = 0.5
 # The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
 METRICS_SETTLE_S = 0.5
 
@@ -123,16 +125,24 @@ def setups(
     return [Setup("today", TODAY_QUEUE, None, batch_size), *derived]
 
 
-def cells_for(setup: Setup, timeouts_s: Sequence[float], default_budget_ms: int) -> list[tuple[float, bool, tuple]]:
-    """(client timeout, deadline header, arrival processes) for each group of cells a setup runs."""
+def cells_for(
+    setup: Setup, timeouts_s: Sequence[float], multiples: Sequence[float], default_budget_ms: int
+) -> list[tuple[float, bool, str, list[float]]]:
+    """(client timeout, deadline header, arrivals, loads) for each group of cells a setup runs."""
+    half = [m for m in multiples if m == HALF_LOAD]
     if setup.budget_ms is None:
-        return [(t, False, ("constant",)) for t in timeouts_s]
+        # Today's layout at every load with constant arrivals, and with Poisson arrivals at half load: the
+        # reference for "at 0.5x nothing changes" is measured with the same arrivals as the cell it is held to.
+        return [(t, False, "constant", list(multiples)) for t in timeouts_s] + [
+            (t, False, "poisson", half) for t in timeouts_s if half
+        ]
     matching = [t for t in timeouts_s if round(1000 * t) == setup.budget_ms]
-    groups = [(t, True, ("constant", "poisson")) for t in matching]
-    groups += [(t, False, ("constant",)) for t in matching]
+    groups = [(t, True, arrivals, list(multiples)) for t in matching for arrivals in ARRIVALS]
+    groups += [(t, False, "constant", list(multiples)) for t in matching]
     if setup.budget_ms == default_budget_ms:
         # The default budget with clients that wait longer than it: the same promise must hold.
-        groups += [(t, True, ("constant", "poisson")) for t in timeouts_s if 1000 * t > setup.budget_ms]
+        longer = [t for t in timeouts_s if 1000 * t > setup.budget_ms]
+        groups += [(t, True, arrivals, list(multiples)) for t in longer for arrivals in ARRIVALS]
     return groups
 
 
@@ -141,28 +151,27 @@ def run_setup(
     timeouts_s: Sequence[float], seconds: float, default_budget_ms: int, progress: Callable[[str], None],
 ) -> list[dict]:  # fmt: skip
     cells = []
-    for timeout_s, deadline, arrivals_list in cells_for(setup, timeouts_s, default_budget_ms):
-        for arrivals in arrivals_list:
-            for multiple in multiples:
-                figures = measure_cell(
-                    server, model, texts, multiple * saturation_rps, seconds, timeout_s, arrivals, deadline
-                )
-                cell = {
-                    "server": "torchserve",
-                    "setup": setup.label + ("" if deadline or setup.budget_ms is None else ", no deadline"),
-                    "job_queue_size": setup.job_queue_size,
-                    "batch_size": setup.batch_size,
-                    "comparison": setup.comparison,
-                    "budget_ms": setup.budget_ms,
-                    "deadline_header": deadline,
-                    "timeout_s": timeout_s,
-                    "arrivals": arrivals,
-                    "multiple": multiple,
-                    **figures,
-                }
-                cell["goodput_share"] = cell["goodput_rps"] / saturation_rps
-                cells.append(cell)
-                progress(describe(cell))
+    for timeout_s, deadline, arrivals, loads in cells_for(setup, timeouts_s, multiples, default_budget_ms):
+        for multiple in loads:
+            figures = measure_cell(
+                server, model, texts, multiple * saturation_rps, seconds, timeout_s, arrivals, deadline
+            )
+            cell = {
+                "server": "torchserve",
+                "setup": setup.label + ("" if deadline or setup.budget_ms is None else ", no deadline"),
+                "job_queue_size": setup.job_queue_size,
+                "batch_size": setup.batch_size,
+                "comparison": setup.comparison,
+                "budget_ms": setup.budget_ms,
+                "deadline_header": deadline,
+                "timeout_s": timeout_s,
+                "arrivals": arrivals,
+                "multiple": multiple,
+                **figures,
+            }
+            cell["goodput_share"] = cell["goodput_rps"] / saturation_rps
+            cells.append(cell)
+            progress(describe(cell))
     return cells
 
 
