@@ -34,7 +34,7 @@ from pathlib import Path
 import requests
 
 from tooling.bench.corpus import build_corpus
-from tooling.bench.loadgen import closed_loop
+from tooling.bench.loadgen import closed_loop, readings_until_stable
 from tooling.bench.openloop import open_loop
 from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, server_cpu_seconds, setups
 from tooling.bench.overload_report import evaluate, plot, table, targets_table
@@ -84,16 +84,15 @@ def warm_up(url: str, headers: dict, texts, seconds: float = 8.0) -> None:
 
 
 def stable_saturation(url: str, headers: dict, texts, seconds: float, progress) -> float:
-    """Closed-loop requests/s, measured in rounds until two in a row agree within 10 % (at most 6): a fresh
-    server speeds up over its first minute, and a first reading alone was half the one taken at the end."""
-    previous = 0.0
-    for _ in range(6):
+    """Closed-loop requests/s, measured in rounds until two in a row agree within 10 % (at most 6): the last. A
+    fresh server speeds up over its first minute, and a first reading alone was half the one taken at the end."""
+
+    def measure(_round: int) -> float:
         rps = closed_loop(url, headers, texts, SATURATION_CLIENTS, seconds)["rps"]
         progress(f"  closed loop, {SATURATION_CLIENTS} clients: {rps:.1f} req/s")
-        if previous and abs(rps - previous) <= 0.1 * previous:
-            return rps
-        previous = rps
-    return previous
+        return rps
+
+    return readings_until_stable(measure)[-1]
 
 
 def saturation_again(workdir: Path, store: Path, texts, seconds: float, progress) -> dict:

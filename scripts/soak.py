@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from tooling.archiving import build_archive
-from tooling.bench.loadgen import percentile_ms
+from tooling.bench.loadgen import percentile_ms, readings_until_stable
 from tooling.checkpoints import build_random_classifier
 from tooling.soak import drive, drive_open_loop, worker_rss_mb
 from tooling.torchserve import TorchServe
@@ -122,15 +122,15 @@ def stable_saturation(server: TorchServe, seconds: float = 20.0, rounds: int = 6
     """Closed-loop requests/s (16 clients, the soak's mix) in rounds until two in a row agree within 10 %: the
     lower of the two. Why: a single 20 s reading (34.1 req/s) overstated what the server sustained for an hour;
     the open loop at 80 % of it filled the queue several times and 963 requests were refused."""
-    previous = 0.0
-    for round_ in range(rounds):
-        sent, _ = drive(server, "soak", seconds, 16, seed=3 + round_)
-        rps = sent / seconds
+
+    def measure(round_: int) -> float:
+        rps = drive(server, "soak", seconds, 16, seed=3 + round_)[0] / seconds
         print(f"  closed loop, 16 clients: {rps:.1f} req/s")
-        if previous and abs(rps - previous) <= 0.1 * previous:
-            return min(rps, previous)
-        previous = rps
-    return previous
+        return rps
+
+    readings = readings_until_stable(measure, rounds)
+    agreed = len(readings) > 1 and abs(readings[-1] - readings[-2]) <= 0.1 * readings[-2]
+    return min(readings[-2:]) if agreed else readings[-1]
 
 
 def warmup_seconds(seconds: float) -> float:

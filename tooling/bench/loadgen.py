@@ -12,7 +12,7 @@ import math
 import multiprocessing
 import resource
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -22,6 +22,18 @@ from tooling.bench.answers import AnswerCheck
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100, linear interpolation) of latencies in seconds, in milliseconds."""
     return float(1000 * np.percentile(latencies_s, q)) if len(latencies_s) else float("nan")
+
+
+def readings_until_stable(measure: Callable[[int], float], rounds: int = 6, agree: float = 0.1) -> list[float]:
+    """measure(round) in rounds until two in a row agree within `agree` (at most `rounds`): every reading, the
+    agreeing pair last when there is one. A saturation read once on a shared machine strays (a fresh server
+    speeds up over its first minute; neighbours come and go); each caller chooses which reading it keeps."""
+    readings: list[float] = []
+    for round_ in range(rounds):
+        readings.append(measure(round_))
+        if len(readings) > 1 and abs(readings[-1] - readings[-2]) <= agree * readings[-2]:
+            break
+    return readings
 
 
 def cpu_seconds() -> float:
