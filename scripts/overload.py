@@ -36,7 +36,7 @@ import requests
 from tooling.bench.corpus import build_corpus
 from tooling.bench.loadgen import closed_loop, readings_until_stable
 from tooling.bench.openloop import open_loop
-from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, server_cpu_seconds, setups
+from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, server_cpu_cores, setups
 from tooling.bench.overload_report import evaluate, plot, table, targets_table
 from tooling.bench.report import machine
 from tooling.latency_budget import DEFAULT_BUDGET_MS
@@ -92,7 +92,7 @@ def stable_saturation(url: str, headers: dict, texts, seconds: float, progress) 
         progress(f"  closed loop, {SATURATION_CLIENTS} clients: {rps:.1f} req/s")
         return rps
 
-    return readings_until_stable(measure)[-1]
+    return readings_until_stable(measure).values[-1]
 
 
 def saturation_again(workdir: Path, store: Path, texts, seconds: float, progress) -> dict:
@@ -218,11 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
                 warm_up(url, headers, texts)
                 if index == 0:
-                    cpu_before, began = server_cpu_seconds(server, MODEL), time.monotonic()
-                    saturation = stable_saturation(url, headers, texts, args.saturation_seconds, progress)
-                    cpu_after, elapsed = server_cpu_seconds(server, MODEL), time.monotonic() - began
-                    saturation_cpu = {"workers": (cpu_after[0] - cpu_before[0]) / elapsed,
-                                      "frontend": (cpu_after[1] - cpu_before[1]) / elapsed}  # fmt: skip
+                    with server_cpu_cores(server, MODEL) as cores:
+                        saturation = stable_saturation(url, headers, texts, args.saturation_seconds, progress)
+                    saturation_cpu = {"workers": cores["workers"], "frontend": cores["frontend"]}
                     progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop); "
                              f"CPU cores: workers {saturation_cpu['workers']:.2f}, "
                              f"frontend {saturation_cpu['frontend']:.2f}")  # fmt: skip

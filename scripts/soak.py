@@ -128,9 +128,7 @@ def stable_saturation(server: TorchServe, seconds: float = 20.0, rounds: int = 6
         print(f"  closed loop, 16 clients: {rps:.1f} req/s")
         return rps
 
-    readings = readings_until_stable(measure, rounds)
-    agreed = len(readings) > 1 and abs(readings[-1] - readings[-2]) <= 0.1 * readings[-2]
-    return min(readings[-2:]) if agreed else readings[-1]
+    return readings_until_stable(measure, rounds).lower_of_agreeing_pair
 
 
 def warmup_seconds(seconds: float) -> float:

@@ -18,7 +18,7 @@ from handlers.deadline import DEADLINE_HEADER
 from tests.answers import TOLERANCE, assert_same_answer, candidate_texts, distinguishable_texts
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.openloop import open_loop
-from tooling.bench.overload import server_cpu_seconds
+from tooling.bench.overload import server_cpu_cores
 from tooling.prometheus import metric_value
 
 pytestmark = [pytest.mark.e2e]
@@ -94,10 +94,9 @@ def test_under_a_2x_open_loop_burst_every_admitted_answer_is_its_own(
     saturation = closed_loop(url, headers, texts, 16, 1.5)["rps"]
     rate = 2 * saturation
     # Bounded: at most 600 requests, whatever this machine's speed.
-    cpu_before, started = server_cpu_seconds(torchserve, shared_model), time.monotonic()
-    result = open_loop(url, headers, texts, rate, min(2.0, 600 / rate), 10.0, "poisson", deadline=True,
-                       keep_bodies=True)  # fmt: skip
-    cpu_after, elapsed = server_cpu_seconds(torchserve, shared_model), time.monotonic() - started
+    with server_cpu_cores(torchserve, shared_model) as cores:
+        result = open_loop(url, headers, texts, rate, min(2.0, 600 / rate), 10.0, "poisson", deadline=True,
+                           keep_bodies=True)  # fmt: skip
     answered = [o for o in result.outcomes if o.status == 200]
     assert answered, f"nothing answered at {rate:.0f} req/s: {result.summary()}"
     for outcome in answered:
@@ -107,6 +106,6 @@ def test_under_a_2x_open_loop_burst_every_admitted_answer_is_its_own(
     assert set(result.refused) <= {"503 ServiceUnavailableException", "503 DeadlineExceeded"}, result.refused
     # The benchmark's CPU split (where the cores went under overload): both the model's workers (computing) and the
     # frontend (queueing, batching, refusing) were busy, and together they used no more than the machine has.
-    workers_s, frontend_s = (after - before for after, before in zip(cpu_after, cpu_before))
-    assert workers_s > 0.1 and frontend_s > 0.1, (workers_s, frontend_s)
-    assert workers_s + frontend_s <= 1.05 * elapsed * os.cpu_count(), (workers_s, frontend_s, elapsed)
+    workers_s, frontend_s = cores["workers"] * cores["seconds"], cores["frontend"] * cores["seconds"]
+    assert workers_s > 0.1 and frontend_s > 0.1, cores
+    assert cores["workers"] + cores["frontend"] <= 1.05 * os.cpu_count(), cores

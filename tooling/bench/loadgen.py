@@ -13,6 +13,7 @@ import multiprocessing
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,16 +25,29 @@ def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
     return float(1000 * np.percentile(latencies_s, q)) if len(latencies_s) else float("nan")
 
 
-def readings_until_stable(measure: Callable[[int], float], rounds: int = 6, agree: float = 0.1) -> list[float]:
-    """measure(round) in rounds until two in a row agree within `agree` (at most `rounds`): every reading, the
-    agreeing pair last when there is one. A saturation read once on a shared machine strays (a fresh server
-    speeds up over its first minute; neighbours come and go); each caller chooses which reading it keeps."""
-    readings: list[float] = []
+@dataclass(frozen=True)
+class Readings:
+    """Rounds of one measurement: every value in order, and whether the last two agreed."""
+
+    values: list[float]
+    agreed: bool
+
+    @property
+    def lower_of_agreeing_pair(self) -> float:
+        """The lower of the two that agreed; the last reading when none did."""
+        return min(self.values[-2:]) if self.agreed else self.values[-1]
+
+
+def readings_until_stable(measure: Callable[[int], float], rounds: int = 6, agree: float = 0.1) -> Readings:
+    """measure(round) in rounds until two in a row agree within `agree` (at most `rounds`). A saturation read
+    once on a shared machine strays (a fresh server speeds up over its first minute; neighbours come and go);
+    each caller chooses which reading it keeps."""
+    values: list[float] = []
     for round_ in range(rounds):
-        readings.append(measure(round_))
-        if len(readings) > 1 and abs(readings[-1] - readings[-2]) <= agree * readings[-2]:
-            break
-    return readings
+        values.append(measure(round_))
+        if len(values) > 1 and abs(values[-1] - values[-2]) <= agree * values[-2]:
+            return Readings(values, agreed=True)
+    return Readings(values, agreed=False)
 
 
 def cpu_seconds() -> float:

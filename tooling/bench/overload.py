@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from handlers.handler_metrics import ITEMS, REJECTED
@@ -69,6 +69,17 @@ def server_cpu_seconds(server, model: str) -> tuple[float, float]:
     return worker_s, frontend_s
 
 
+@contextlib.contextmanager
+def server_cpu_cores(server, model: str) -> Iterator[dict[str, float]]:
+    """The cores (CPU seconds per second) the model's workers and the rest of the server used while the block
+    ran: {"workers", "frontend", "seconds"}, filled in when it ends (server_cpu_seconds says why)."""
+    cores: dict[str, float] = {}
+    before, started = server_cpu_seconds(server, model), time.monotonic()
+    yield cores
+    after, elapsed = server_cpu_seconds(server, model), time.monotonic() - started
+    cores.update(workers=(after[0] - before[0]) / elapsed, frontend=(after[1] - before[1]) / elapsed, seconds=elapsed)
+
+
 def wait_drained(server, model: str, limit_s: float) -> None:
     """Until the frontend's queue for `model` is empty and the batches in the workers have had time to finish."""
     deadline = time.monotonic() + limit_s
@@ -87,9 +98,8 @@ def measure_cell(
     url = f"{server.inference_url}/predictions/{model}"
     headers = {"Content-Type": "text/plain", **server.auth("inference")}
     items_before, refused_before = handler_counts(server, model)
-    cpu_before, started = server_cpu_seconds(server, model), time.monotonic()
-    result = open_loop(url, headers, texts, rate, seconds, timeout_s, arrivals, deadline)
-    cpu_after, elapsed = server_cpu_seconds(server, model), time.monotonic() - started
+    with server_cpu_cores(server, model) as cores:
+        result = open_loop(url, headers, texts, rate, seconds, timeout_s, arrivals, deadline)
     wait_drained(server, model, limit_s=30.0)
     time.sleep(METRICS_SETTLE_S)
     items_after, refused_after = handler_counts(server, model)
@@ -103,8 +113,8 @@ def measure_cell(
         "computed": computed,
         "wasted": wasted,
         "wasted_share": wasted / computed if computed else 0.0,
-        "workers_cpu_cores": (cpu_after[0] - cpu_before[0]) / elapsed,
-        "frontend_cpu_cores": (cpu_after[1] - cpu_before[1]) / elapsed,
+        "workers_cpu_cores": cores["workers"],
+        "frontend_cpu_cores": cores["frontend"],
     }
 
 
