@@ -53,9 +53,10 @@ class BertSequenceClassifierHandler(BaseHandler):
         try:
             yaml_config = getattr(context, "model_yaml_config", None) or {}
             options = HandlerOptions.from_mapping(yaml_config.get("handler"))
-            served = load_model(Path(properties.get("model_dir", ".")) / options.model_subdir, options, gpu_id)
+            model_dir = Path(properties.get("model_dir", ".")) / options.model_subdir
+            served = load_model(model_dir, options, gpu_id, batch_size=int(properties.get("batch_size") or 1))
             if served.options.warmup:
-                served.forward(encode(served.tokenizer, ["warm up the model"], served.max_length))
+                served.forward(encode(served.encoder, ["warm up the model"]))
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise

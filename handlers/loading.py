@@ -17,7 +17,7 @@ import numpy as np
 
 from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
 from handlers.options import HandlerOptions
-from handlers.tokenization import Encoding, model_token_limit
+from handlers.tokenization import Encoding, TextEncoder, model_token_limit, text_encoder
 
 Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
 
@@ -36,6 +36,7 @@ class ModelLoadFailed(Exception):
 @dataclass(frozen=True)
 class LoadedModel:
     tokenizer: Any
+    encoder: TextEncoder  # texts -> token ids at max_length (handlers/tokenization.encode)
     forward: Forward
     labels: tuple[str, ...]
     options: HandlerOptions  # with every "auto" resolved for the device
@@ -58,12 +59,13 @@ def backend_of(model_dir: Path) -> str:
 
 
 def load_model(
-    model_dir: Path, options: HandlerOptions, gpu_id: int | None, onnx_dir: Path | None = None
+    model_dir: Path, options: HandlerOptions, gpu_id: int | None, onnx_dir: Path | None = None, batch_size: int = 1
 ) -> LoadedModel:
     """The model in `model_dir` (a checkpoint folder, or an ONNX one: model.onnx + tokenizer + config.json).
 
     `onnx_dir`: a folder holding a model.onnx to serve with model_dir's tokenizer and config in
     place of model_dir's own weights; the export checks each graph this way before packing it.
+    `batch_size`: the most requests TorchServe hands over at once (the passes CUDA graphs are captured for).
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -72,6 +74,7 @@ def load_model(
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     token_limit = model_token_limit(tokenizer, config)
     pad_token_id = tokenizer.pad_token_id or 0
+    encoder = text_encoder(tokenizer, min(options.max_length, token_limit))
     onnx_dir = Path(onnx_dir) if onnx_dir is not None else model_dir
     backend = backend_of(onnx_dir)
     forward: Any
@@ -83,17 +86,20 @@ def load_model(
         from handlers.torch_forward import load_torch_forward, select_device
 
         options = options.for_device(select_device(gpu_id).type, backend)
-        forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit)
+        # The inputs every pass is collated into (handlers/tokenization.collate): the encoder's, and the mask.
+        input_names = (*encoder.features, "attention_mask")
+        forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size)
     if options.fault_marker:
         from handlers.fault_injection import FaultInjectingForward
 
         forward = FaultInjectingForward(forward, tokenizer, options)
     return LoadedModel(
         tokenizer=tokenizer,
+        encoder=encoder,
         forward=forward,
         labels=tuple(label_names(config.id2label, config.num_labels)),
         options=options,
-        max_length=min(options.max_length, token_limit),
+        max_length=encoder.max_length,
         token_limit=token_limit,
         model_type=config.model_type,
         backend=backend,

@@ -63,6 +63,11 @@ class HandlerOptions:
     # that needs it (507 for that item alone), instead of taking memory its neighbours need. Set it to
     # about 1 / workers per GPU, less the CUDA context (about 0.5 GiB per worker, outside the cap).
     cuda_memory_fraction: float = 0.0
+    # CUDA only, PyTorch archives: replay each forward pass from a CUDA graph captured at load, one per
+    # padded shape up to TorchServe's batch_size and max_length (handlers/cuda_graphs.py), instead of
+    # launching its kernels one by one. Off until measured on a GPU through the served benchmark
+    # (docs/benchmarks.md, "GPU"); it costs the capture at every worker start.
+    cuda_graphs: bool = False
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
     # Test-only fault hook (handlers/fault_injection.py, wrapped around the forward pass at load):

@@ -108,7 +108,7 @@ def servable(values: Mapping[InstanceKey, T], rejected: Mapping[InstanceKey, Rej
 def encode_texts(model: LoadedModel, texts: Mapping[InstanceKey, str]) -> tuple[dict[InstanceKey, Encoding], Rejected]:
     """Token ids with the cap; under `overlength: reject`, a text over the cap is refused instead."""
     keys = list(texts)
-    encodings = encode(model.tokenizer, [texts[k] for k in keys], model.max_length)
+    encodings = encode(model.encoder, [texts[k] for k in keys])
     if model.options.overlength != "reject":
         return dict(zip(keys, encodings)), {}
     kept = {key: e for key, e in zip(keys, encodings) if not e.truncated}

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from handlers.batching import padded_width
+from handlers.cuda_graphs import GraphedPasses, bucket_ladder
 from handlers.options import HandlerOptions
 from handlers.tokenization import Encoding, collate
 
@@ -34,19 +36,27 @@ class TorchForward:
     """A Hugging Face sequence classifier in eval mode on one device; called once per micro-batch."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, options: HandlerOptions, pad_token_id: int,
-                 token_limit: int) -> None:  # fmt: skip
+                 token_limit: int, graphs: GraphedPasses | None = None) -> None:  # fmt: skip
         self.model = model
         self.device = device
         self.device_type = device.type
         self._options = options
         self._pad_token_id = pad_token_id
         self._token_limit = token_limit
+        self.graphs = graphs
         dtype = next(model.parameters()).dtype
         self.description = f"PyTorch {torch.__version__} on {device} ({dtype}, {torch.get_num_threads()} threads)"
+        if graphs is not None:
+            self.description += f"; {graphs.description}"
 
     def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
         """Float32 class probabilities, one row per encoding, in order."""
         arrays = collate(encodings, self._pad_token_id, self._options.pad_to_multiple_of, self._token_limit)
+        if self.graphs is not None:
+            with torch.inference_mode():
+                replayed = self.graphs(arrays)
+            if replayed is not None:
+                return replayed
         batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
         if self.device.type == "cuda":
             batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -63,8 +73,11 @@ class TorchForward:
 
 
 def load_torch_forward(
-    model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int
-) -> TorchForward:
+    model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int,
+    input_names: Sequence[str] = ("input_ids", "attention_mask"), max_rows: int = 1,
+) -> TorchForward:  # fmt: skip
+    """The checkpoint on GPU `gpu_id` (None: the CPU). With `cuda_graphs` on a GPU, passes of up to `max_rows`
+    texts are captured as CUDA graphs over `input_names` (the collated inputs: handlers/tokenization.collate)."""
     from transformers import AutoModelForSequenceClassification
 
     device = select_device(gpu_id)
@@ -75,4 +88,8 @@ def load_torch_forward(
     dtype = select_dtype(options.dtype, device)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
     model.to(device).eval()
-    return TorchForward(model, device, options, pad_token_id, token_limit)
+    graphs = None
+    if options.cuda_graphs and device.type == "cuda":
+        widest = padded_width(min(options.max_length, token_limit), options.pad_to_multiple_of, token_limit)
+        graphs = GraphedPasses(model, device, bucket_ladder(max_rows, widest), input_names, pad_token_id)
+    return TorchForward(model, device, options, pad_token_id, token_limit, graphs)

@@ -6,21 +6,22 @@
     python -m scripts.benchmark --model bert-base    # BERT-base-sized model (random weights, real cost)
     python -m scripts.benchmark --quick              # about a minute, checks the pipeline end to end
     python -m scripts.benchmark --worst-batch        # one full batch at the token cap per backend, and exit
+    python -m scripts.benchmark --tokenization       # the handler's tokenization against the wrapper's call
     python -m scripts.benchmark --sweep-max-batch-tokens 1000000000,512,256,128 --backends onnx-fp32
     python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \
         --concurrency 1,256,1024 --duration 10 --out docs/bench-gpu   # on a GPU (docs/benchmarks.md)
 
 One run, one machine, one model. Each backend (the checkpoint for PyTorch; an ONNX export,
-fp32 or int8, checked against PyTorch) is archived and served by a private TorchServe at
-batch_size=1 and batch_size=B (at each --delays) under closed-loop load at each client count;
-per cell: requests/s, latency percentiles, errors, and from /metrics the batches formed, the
+fp32 or int8, checked against PyTorch; on a GPU, the checkpoint with CUDA graphs) is archived and
+served by a private TorchServe at batch_size=1 and batch_size=B (at each --delays) under closed-loop
+load at each client count; per cell: requests/s, latency percentiles, errors, and from /metrics the batches formed, the
 padding and where the time went (frontend queue, worker, handler stages). The ceilings run
 without a server over the same texts: the plain model loop at batch 1 and B, and the handler
 in-process at batch B with and without length-aware micro-batches. Every served answer is checked
 against its text's answer alone in float32. --device cuda (auto: when torch sees a GPU) serves PyTorch
-archives in float16 on GPU 0, skips the ONNX backends and records GPU utilisation and memory per cell.
-The targets are data
-(tooling/bench/targets.yaml). Writes JSON (every figure), markdown and a PNG plot to --out.
+archives in float16 on GPU 0, skips the ONNX backends and records GPU utilisation and memory per cell;
+the pytorch-graphs backend (handlers/cuda_graphs.py) runs there only. The targets are data
+(tooling/bench/targets.yaml), the GPU's held to GPU runs. Writes JSON (every figure), markdown and a PNG plot to --out.
 The parts live in tooling/bench/; this is the command line.
 """
 
@@ -41,7 +42,7 @@ import yaml
 from handlers.options import HandlerOptions
 from tooling.archiving import add_handler_option_argument
 from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
-from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, worst_batch_seconds
+from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, tokenization_speed, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
 from tooling.bench.plot import plot
@@ -111,6 +112,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--worst-batch", action="store_true", help="only time one forward pass of batch-size x 256 tokens, and exit"
     )
     parser.add_argument(
+        "--tokenization",
+        action="store_true",
+        help="only time the handler's tokenization against the Hugging Face wrapper's call at batch 1, 8 and "
+        "--batch-size, on the corpus, and exit",
+    )
+    parser.add_argument(
         "--sweep-max-batch-tokens",
         type=int_list,
         help="only measure the in-process handler ceiling at each of these budgets, per backend, and exit",
@@ -175,6 +182,14 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
     args.one_at_a_time_backends = [name for name in args.one_at_a_time_backends if name in names]
     progress(f"device {device}; backends {names}")
     checkpoint = resolve_model(args.model, workdir)
+    if args.tokenization:  # the tokenizer alone: no backend to prepare
+        texts = build_corpus(args.texts)
+        print("| batch | handler (Rust batch call), µs/text | wrapper's call (two passes), µs/text | speed-up |")
+        print("|---:|---:|---:|---:|")
+        for row in tokenization_speed(checkpoint, texts, sorted({1, 8, args.batch_size})):
+            print(f"| {row['batch_size']} | {row['rust_batch_call_us_per_text']:.1f} | "
+                  f"{row['wrapper_two_passes_us_per_text']:.1f} | {row['speed_up']:.2f}x |", flush=True)  # fmt: skip
+        return 0
     backends = prepare_backends(names, checkpoint, workdir, progress)
     resolved = HandlerOptions.from_mapping(options).for_device(device)
 

@@ -45,7 +45,7 @@ def measure(seed: int, out: Path) -> dict:
     record = export_checkpoint(checkpoint, out / f"seed-{seed}-int8", quantize="int8", min_agreement=0.0,
                                progress=lambda _: None)  # fmt: skip
     int8 = load_model(out / f"seed-{seed}-int8", HandlerOptions(), None)
-    encodings = encode(int8.tokenizer, texts, int8.max_length)
+    encodings = encode(int8.encoder, texts)
     order = list(range(len(texts)))
     shuffle = random.Random(seed)
     served_changes = []

@@ -13,10 +13,11 @@ from tooling.paths import METRICS_CONFIG
 
 
 def make_context(
-    model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny", gpu_id: int | None = None
-):
+    model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny", gpu_id: int | None = None,
+    batch_size: int = 8,
+):  # fmt: skip
     """TorchServe's Context for a model unpacked at model_dir, with the server's metrics declarations;
-    `gpu_id` as TorchServe gives a GPU worker (None: a CPU worker)."""
+    `gpu_id` as TorchServe gives a GPU worker (None: a CPU worker), `batch_size` as registered."""
     from ts.context import Context
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
@@ -28,7 +29,7 @@ def make_context(
         model_name,
         str(model_dir),
         manifest,
-        8,
+        batch_size,
         gpu_id,
         "0.12.0",
         metrics=metrics,
@@ -58,9 +59,9 @@ def unpacked_layout(checkpoint: Path, root: Path | None = None) -> Path:
     return root
 
 
-def load_handler(model_dir: Path, handler_options: dict | None = None, gpu_id: int | None = None):
+def load_handler(model_dir: Path, handler_options: dict | None = None, gpu_id: int | None = None, batch_size: int = 8):
     from handlers.bert_handler import BertSequenceClassifierHandler
 
     handler = BertSequenceClassifierHandler()
-    handler.initialize(make_context(model_dir, handler_options, gpu_id=gpu_id))
+    handler.initialize(make_context(model_dir, handler_options, gpu_id=gpu_id, batch_size=batch_size))
     return handler

@@ -30,6 +30,7 @@ import numpy as np
 from handlers.loading import LoadedModel, load_model
 from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE
 from handlers.options import HandlerOptions
+from handlers.tokenization import TextEncoder
 
 PARITY_TOLERANCE = 1e-4
 DEFAULT_MIN_AGREEMENT = 0.99
@@ -173,11 +174,11 @@ def default_eval_set(checkpoint: Path, eval_tsv: Path | None, label_names: Seque
 # ---- running both sides -----------------------------------------------------------------------------
 
 
-def probabilities(forward: Callable, tokenizer, texts: Sequence[str], max_length: int) -> np.ndarray:
+def probabilities(forward: Callable, encoder: TextEncoder, texts: Sequence[str]) -> np.ndarray:
     """Class probabilities for `texts` through the handler's encode and a forward pass, CHECK_BATCH at a time."""
     from handlers.tokenization import encode
 
-    encodings = encode(tokenizer, list(texts), max_length)
+    encodings = encode(encoder, list(texts))
     rows = [forward(encodings[i : i + CHECK_BATCH]) for i in range(0, len(encodings), CHECK_BATCH)]
     return np.concatenate(rows).astype(np.float32)
 
@@ -188,7 +189,7 @@ def _served(checkpoint: Path, onnx_dir: Path | None = None) -> LoadedModel:
 
 
 def served_probabilities(model: LoadedModel, texts: Sequence[str]) -> np.ndarray:
-    return probabilities(model.forward, model.tokenizer, texts, model.max_length)
+    return probabilities(model.forward, model.encoder, texts)
 
 
 # ---- export -------------------------------------------------------------------------------------------

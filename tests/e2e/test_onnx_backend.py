@@ -264,11 +264,12 @@ def test_the_demo_models_int8_archive_keeps_its_held_out_accuracy(demo_checkpoin
     from transformers import AutoTokenizer
 
     from handlers.options import HandlerOptions
+    from handlers.tokenization import text_encoder
     from handlers.torch_forward import load_torch_forward
 
     tokenizer = AutoTokenizer.from_pretrained(demo_checkpoint)
     forward = load_torch_forward(demo_checkpoint, HandlerOptions().for_device("cpu"), None, 0, 512)
-    fp32 = probabilities(forward, tokenizer, [t for t, _ in examples], 256).argmax(-1).tolist()
+    fp32 = probabilities(forward, text_encoder(tokenizer, 256), [t for t, _ in examples]).argmax(-1).tolist()
     truth = [y for _, y in examples]
     fp32_correct, int8_correct = (sum(p == y for p, y in zip(labels, truth)) for labels in (fp32, int8))
     changed = sum(a != b for a, b in zip(fp32, int8))

@@ -35,29 +35,32 @@ def workers(server: TorchServe, model: str) -> list[dict]:
     return server.describe(model)[0]["workers"]
 
 
-def test_float16_on_the_gpu_answers_as_float32_does(torchserve, demo_checkpoint, make_archive):
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "cuda-graphs"])
+def test_float16_on_the_gpu_answers_as_float32_does(torchserve, demo_checkpoint, make_archive, cuda_graphs):
     from transformers import AutoTokenizer
 
     from handlers.options import HandlerOptions
+    from handlers.tokenization import text_encoder
     from handlers.torch_forward import load_torch_forward
     from tooling.corpus import LABELS, held_out_examples
     from tooling.onnx_export import fixed_texts, probabilities
 
-    archive = make_archive(demo_checkpoint, "gpu-demo")  # dtype auto: float16 on CUDA
+    name = f"gpu-demo-{'graphs' if cuda_graphs else 'eager'}"
+    archive = make_archive(demo_checkpoint, name, cuda_graphs=cuda_graphs)  # dtype auto: float16 on CUDA
     assert torchserve.register(archive, batch_size=32, max_batch_delay=5, initial_workers=2).status_code == 200
     try:
-        assert all(worker["gpu"] for worker in workers(torchserve, "gpu-demo")), workers(torchserve, "gpu-demo")
+        assert all(worker["gpu"] for worker in workers(torchserve, name)), workers(torchserve, name)
         texts = [text for text, _ in held_out_examples()] + fixed_texts()
         with ThreadPoolExecutor(max_workers=32) as pool:
-            responses = list(pool.map(lambda t: torchserve.predict("gpu-demo", t.encode(), "text/plain"), texts))
+            responses = list(pool.map(lambda t: torchserve.predict(name, t.encode(), "text/plain"), texts))
         assert [r.status_code for r in responses] == [200] * len(texts)
         served = np.array([[r.json()["scores"][label] for label in LABELS] for r in responses])
     finally:
-        torchserve.unregister("gpu-demo")
+        torchserve.unregister(name)
 
     tokenizer = AutoTokenizer.from_pretrained(demo_checkpoint)
     forward = load_torch_forward(demo_checkpoint, HandlerOptions().for_device("cpu"), None, 0, 512)
-    fp32 = probabilities(forward, tokenizer, texts, 256)
+    fp32 = probabilities(forward, text_encoder(tokenizer, 256), texts)
     difference = np.abs(served - fp32).max(axis=1)
     print(f"\nfloat16 on the GPU against float32 on the CPU, {len(texts)} texts: max |dp| {difference.max():.2e}")
     assert difference.max() <= FP16_TOLERANCE
@@ -67,8 +70,9 @@ def test_float16_on_the_gpu_answers_as_float32_does(torchserve, demo_checkpoint,
     assert not flipped.any(), [texts[i][:60] for i in np.flatnonzero(flipped)]
 
 
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "cuda-graphs"])
 def test_each_request_gets_its_own_answer_with_several_workers_on_one_gpu(
-    torchserve, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir
+    torchserve, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir, cuda_graphs
 ):
     # float32 on the GPU, so answers compare with the CPU's alone at a tolerance finer than their spacing.
     separation = 3 * FP32_TOLERANCE
@@ -79,15 +83,18 @@ def test_each_request_gets_its_own_answer_with_several_workers_on_one_gpu(
     order = [i for i in range(len(distinct)) for _ in range(4)]
     random.Random(0).shuffle(order)
     texts, alone = [distinct[i] for i in order], [answers[i] for i in order]
-    archive = make_archive(tiny_checkpoint, "gpu-tiny", dtype="float32")
+    name = f"gpu-tiny-{'graphs' if cuda_graphs else 'eager'}"
+    archive = make_archive(tiny_checkpoint, name, dtype="float32", cuda_graphs=cuda_graphs)
     assert torchserve.register(archive, batch_size=16, max_batch_delay=5, initial_workers=4).status_code == 200
     try:
-        assert len(workers(torchserve, "gpu-tiny")) == 4
-        assert all(worker["gpu"] for worker in workers(torchserve, "gpu-tiny"))
+        assert len(workers(torchserve, name)) == 4
+        assert all(worker["gpu"] for worker in workers(torchserve, name))
         with ThreadPoolExecutor(max_workers=64) as pool:
-            responses = list(pool.map(lambda t: torchserve.predict("gpu-tiny", t.encode(), "text/plain"), texts))
+            responses = list(pool.map(lambda t: torchserve.predict(name, t.encode(), "text/plain"), texts))
+        if cuda_graphs:
+            assert "CUDA graphs: " in torchserve.log_text()  # every worker captured them at load
     finally:
-        torchserve.unregister("gpu-tiny")
+        torchserve.unregister(name)
     for response, single in zip(responses, alone):
         assert response.status_code == 200, response.text
         assert_same_answer(response.json(), single, tolerance=FP32_TOLERANCE)

@@ -13,7 +13,14 @@ import scripts.benchmark
 from scripts.benchmark import main, parse_args
 from tooling.bench.answers import TOLERANCE, AnswerCheck, difference, served_dtype
 from tooling.bench.ceilings import length_sorted
-from tooling.bench.device import GPU_COMMAND, ONNX_ON_CUDA, backends_for_device, gpu_id_of, resolve_device
+from tooling.bench.device import (
+    GPU_COMMAND,
+    GRAPHS_OFF_CUDA,
+    ONNX_ON_CUDA,
+    backends_for_device,
+    gpu_id_of,
+    resolve_device,
+)
 from tooling.bench.scrape import gpu_figures
 from tooling.bench.served import Layout, gpu_layouts
 from tooling.paths import REPO
@@ -35,10 +42,22 @@ def test_cuda_without_a_gpu_is_an_error_not_a_silent_cpu_run():
         resolve_device("tpu", True)
 
 
-def test_on_cuda_the_onnx_backends_are_skipped_with_the_reason():
-    names = ["pytorch", "onnx-fp32", "onnx-int8"]
-    assert backends_for_device(names, "cpu") == (names, {})
-    assert backends_for_device(names, "cuda") == (["pytorch"], {"onnx-fp32": ONNX_ON_CUDA, "onnx-int8": ONNX_ON_CUDA})
+def test_on_cuda_the_onnx_backends_are_skipped_and_on_cpu_the_cuda_graphs_with_the_reason():
+    names = ["pytorch", "onnx-fp32", "onnx-int8", "pytorch-graphs"]
+    assert backends_for_device(names, "cpu") == (names[:3], {"pytorch-graphs": GRAPHS_OFF_CUDA})
+    assert backends_for_device(names, "cuda") == (
+        ["pytorch", "pytorch-graphs"],
+        {"onnx-fp32": ONNX_ON_CUDA, "onnx-int8": ONNX_ON_CUDA},
+    )
+
+
+def test_the_graphs_backend_archives_the_checkpoint_with_cuda_graphs_on(tmp_path):
+    from tooling.bench.backends import BACKENDS, PreparedBackend
+
+    graphs = PreparedBackend(BACKENDS["pytorch-graphs"], tmp_path, None)
+    assert graphs.handler_options({"dtype": "auto", "cuda_graphs": False}) == {"dtype": "auto", "cuda_graphs": True}
+    assert graphs.options({}, "cuda").cuda_graphs is True
+    assert PreparedBackend(BACKENDS["pytorch"], tmp_path, None).options({}, "cuda").cuda_graphs is False
 
 
 def test_the_printed_gpu_command_parses_into_gpu_layouts_and_big_batches():
@@ -48,6 +67,8 @@ def test_the_printed_gpu_command_parses_into_gpu_layouts_and_big_batches():
     assert args.device == "cuda" and args.batch_size == 128
     assert args.layouts == [Layout(1, 0), Layout(8, 0)]
     assert max(args.concurrency) == 1024
+    # The CUDA graphs beside the eager passes, in one run; the batch_size=1 baseline for the eager one only.
+    assert args.backends == ["pytorch", "pytorch-graphs"] and args.one_at_a_time_backends == ["pytorch"]
 
 
 def test_gpu_workers_take_the_thread_count_and_exclude_layouts():

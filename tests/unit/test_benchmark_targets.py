@@ -140,3 +140,22 @@ def test_expressions_are_arithmetic_over_the_selected_names_only(expression):
     with pytest.raises(TargetError):
         evaluate_expression(expression, {"a": 2.0})
     assert evaluate_expression("(a + 1) / 3 - -1", {"a": 2.0}) == 2.0
+
+
+def test_a_target_naming_a_device_is_held_to_runs_on_that_device_only():
+    target = {"name": "gpu only", "device": "cuda", "select": {"x": {"table": "served", "field": "rps", "pick": "max"}},
+              "measured": "x", "goal": 1}  # fmt: skip
+    plain = {"name": "any device", "select": {"x": {"table": "served", "field": "rps", "pick": "max"}},
+             "measured": "x", "goal": 1}  # fmt: skip
+    run = {"served": SERVED, "ceilings": []}
+    assert [r["target"] for r in evaluate_targets({**run, "settings": {"device": "cpu"}}, [target, plain])] == [
+        "any device"
+    ]
+    on_gpu = evaluate_targets({**run, "settings": {"device": "cuda"}}, [target, plain])
+    assert [r["target"] for r in on_gpu] == ["gpu only", "any device"] and on_gpu[0]["met"] is True
+    shipped = load_targets()
+    assert {t.get("device") for t in shipped} == {None, "cuda"}
+    for target in shipped:
+        for spec in target["select"].values():
+            if target.get("device") == "cuda":
+                assert spec["where"]["backend"] == "pytorch-graphs"

@@ -18,7 +18,7 @@ import pytest
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.pipeline import answer_batch
-from handlers.tokenization import Encoding
+from handlers.tokenization import Encoding, TextEncoder
 
 CLS, SEP = 1, 2
 POISON, OOM = "poison", "exhausted"  # words that make any forward pass holding them fail
@@ -82,6 +82,7 @@ def make_model(**options) -> tuple[LoadedModel, FakeForward]:
     resolved = replace(HandlerOptions(max_length=8).for_device("cpu"), **options)
     model = LoadedModel(
         tokenizer=tokenizer,
+        encoder=TextEncoder(tokenizer, min(resolved.max_length, TOKEN_LIMIT)),  # no Rust tokenizer: the wrapper's call
         forward=forward,
         labels=LABELS,
         options=resolved,
@@ -234,7 +235,7 @@ def test_a_failing_tokenizer_answers_500_and_keeps_earlier_answers():
     def broken(*args, **kwargs):
         raise ValueError("tokenizer bug")
 
-    model = replace(model, tokenizer=broken)
+    model = replace(model, encoder=replace(model.encoder, tokenizer=broken))
     outcome = run(model, text("fine"), text("   "), as_json({"instances": ["a", "b"]}))
     assert [(a.status, a.body["type"]) for a in outcome.answers] == [
         (500, "InternalError"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from handlers.loading import backend_of
@@ -15,11 +15,21 @@ class Backend:
     name: str
     onnx: bool
     quantize: str | None = None
+    # Handler options this backend's archives and ceilings add to the run's (model-config.yaml's and --option's).
+    handler_options: dict = field(default_factory=dict)
+    cuda_only: bool = False
 
 
 BACKENDS = {
     backend.name: backend
-    for backend in (Backend("pytorch", onnx=False), Backend("onnx-fp32", onnx=True), Backend("onnx-int8", True, "int8"))
+    for backend in (
+        Backend("pytorch", onnx=False),
+        Backend("onnx-fp32", onnx=True),
+        Backend("onnx-int8", True, "int8"),
+        # The same checkpoint with each pass replayed from a CUDA graph (handlers/cuda_graphs.py): beside
+        # "pytorch" in one run, the graphs' gain is measured side by side.
+        Backend("pytorch-graphs", onnx=False, handler_options={"cuda_graphs": True}, cuda_only=True),
+    )
 }
 
 
@@ -33,9 +43,14 @@ class PreparedBackend:
     def name(self) -> str:
         return self.backend.name
 
+    def handler_options(self, handler_options: dict) -> dict:
+        """The run's handler options with this backend's own on top: what its archives hold."""
+        return {**handler_options, **self.backend.handler_options}
+
     def options(self, handler_options: dict, device: str = "cpu") -> HandlerOptions:
         """The handler options as the handler resolves them on `device` for this backend's archive."""
-        return HandlerOptions.from_mapping(handler_options).for_device(device, backend_of(self.model_dir))
+        resolved = HandlerOptions.from_mapping(self.handler_options(handler_options))
+        return resolved.for_device(device, backend_of(self.model_dir))
 
 
 def parse_backends(value: str) -> list[str]:

@@ -30,9 +30,12 @@ UNLIMITED_TOKENS = 10**9
 ORDERS = ("arrival", "length")
 
 
-def _served(prepared: PreparedBackend, options: HandlerOptions, device: str = "cpu") -> LoadedModel:
-    """The backend's model exactly as the handler loads it (handlers/loading.py), on `device`."""
-    return load_model(prepared.model_dir, options, gpu_id_of(device))
+def _served(
+    prepared: PreparedBackend, options: HandlerOptions, device: str = "cpu", batch_size: int = 1
+) -> LoadedModel:
+    """The backend's model exactly as the handler loads it (handlers/loading.py), on `device`, for TorchServe's
+    `batch_size`."""
+    return load_model(prepared.model_dir, options, gpu_id_of(device), batch_size=batch_size)
 
 
 def length_sorted(texts: Sequence[str], lengths: Sequence[int]) -> list[str]:
@@ -114,7 +117,7 @@ def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, opti
     model = load_model(model_dir, options, None)
     real = padded = passes = batches = 0
     for i in range(0, len(texts), batch_size):
-        lengths = [e.length for e in encode(model.tokenizer, list(texts[i : i + batch_size]), model.max_length)]
+        lengths = [e.length for e in encode(model.encoder, list(texts[i : i + batch_size]))]
         groups = plan_micro_batches(lengths, options.max_batch_tokens, options.pad_to_multiple_of)
         passes += len(groups)
         batches += 1
@@ -133,8 +136,8 @@ def handler_ceiling(
     batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
     with tempfile.TemporaryDirectory(prefix="bench-unpacked-") as tmp:
         model_dir = unpacked_layout(prepared.model_dir, Path(tmp))
-        handler = load_handler(model_dir, handler_options, gpu_id_of(device))
-        context = make_context(model_dir, handler_options, gpu_id=gpu_id_of(device))
+        handler = load_handler(model_dir, handler_options, gpu_id_of(device), batch_size)
+        context = make_context(model_dir, handler_options, gpu_id=gpu_id_of(device), batch_size=batch_size)
         for batch in batches[: max(1, WARM_UP_TEXTS // batch_size)]:  # warm-up
             handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in batch]), context)
         started = time.perf_counter()
@@ -169,7 +172,10 @@ def ceilings(
     rows = []
     for prepared in backends:
         options = prepared.options(handler_options, device)
+        backend_options = prepared.handler_options(handler_options)
         loops = [(1, "arrival")] + ([(batch_size, "arrival"), (batch_size, "length")] if batch_size > 1 else [])
+        if prepared.backend.handler_options:
+            loops = []  # the plain loop takes no handler option: the same loop as the backend's plain twin
         for b, order in loops:
             row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options, device, order)}
             rows.append(row)
@@ -177,7 +183,7 @@ def ceilings(
         for budget in (UNLIMITED_TOKENS, options.max_batch_tokens):
             row = {
                 "backend": prepared.name,
-                **handler_ceiling(prepared, texts, batch_size, {**handler_options, "max_batch_tokens": budget}, device),
+                **handler_ceiling(prepared, texts, batch_size, {**backend_options, "max_batch_tokens": budget}, device),
             }
             rows.append(row)
             progress(
@@ -199,7 +205,7 @@ def sweep_max_batch_tokens(
     """The handler ceiling at each token budget: the measurement behind the max_batch_tokens default."""
     rows = []
     for budget in budgets:
-        options = {**handler_options, "max_batch_tokens": budget}
+        options = {**prepared.handler_options(handler_options), "max_batch_tokens": budget}
         rows.append({"backend": prepared.name, **handler_ceiling(prepared, texts, batch_size, options, device)})
     return rows
 
@@ -213,12 +219,13 @@ def worst_batch_seconds(
     repeats: int = 3,
 ) -> list[float]:
     """Forward time of a full batch at the token cap through the backend's forward pass: what responseTimeout covers."""
-    from handlers.tokenization import encode
+    from handlers.tokenization import encode, text_encoder
 
-    model = _served(prepared, options, device)
+    model = _served(prepared, options, device, batch_size)
     forward = model.forward
     # Compute does not depend on which tokens: one text cut at the cap, batch_size times.
-    batch = encode(model.tokenizer, ["review " * (2 * tokens)] * batch_size, min(tokens, model.token_limit))
+    cap = text_encoder(model.tokenizer, min(tokens, model.token_limit))
+    batch = encode(cap, ["review " * (2 * tokens)] * batch_size)
     forward(batch)  # warm-up
     times = []
     for _ in range(repeats):
@@ -226,3 +233,31 @@ def worst_batch_seconds(
         forward(batch)
         times.append(time.perf_counter() - started)
     return times
+
+
+def tokenization_speed(
+    model_dir: Path, texts: Sequence[str], batch_sizes: Sequence[int], rounds: int = 5
+) -> list[dict]:
+    """Microseconds per text of the handler's tokenization (handlers/tokenization.encode: the Rust tokenizer's
+    batch call) against the Hugging Face wrapper's call it replaced (two passes, the path a tokenizer without a
+    Rust one still takes), alternated round by round at each batch size; the median round of each."""
+    import statistics
+
+    from handlers.tokenization import TextEncoder, encode
+
+    model = load_model(model_dir, HandlerOptions(), None)
+    ways = {"rust_batch_call": model.encoder, "wrapper_two_passes": TextEncoder(model.tokenizer, model.max_length)}
+    rows = []
+    for batch_size in batch_sizes:
+        chunks = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(rounds):
+            for name, encoder in ways.items():
+                started = time.perf_counter()
+                for chunk in chunks:
+                    encode(encoder, chunk)
+                times[name].append(1e6 * (time.perf_counter() - started) / len(texts))
+        row = {"batch_size": batch_size, **{f"{name}_us_per_text": statistics.median(t) for name, t in times.items()}}
+        row["speed_up"] = row["wrapper_two_passes_us_per_text"] / row["rust_batch_call_us_per_text"]
+        rows.append(row)
+    return rows

@@ -9,13 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 DEVICES = ("auto", "cpu", "cuda")
-# The command behind docs/bench-gpu (run there with --duration 8 to fit the session's device time); printed
-# at the start of every run, documented in docs/benchmarks.md.
+# The GPU run: docs/bench-gpu's command (run there with --duration 8, before the CUDA graphs backend existed),
+# now with the graphs measured beside the eager passes and batch_size=1 served for the eager baseline only (18
+# cells, about 9 minutes on the H100: one device call). Printed at the start of every run, documented in
+# docs/benchmarks.md.
 GPU_COMMAND = (
-    "python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --delays 5 "
-    "--gpu-workers 1,8 --concurrency 1,256,1024 --texts 512 --duration 10 --out docs/bench-gpu"
+    "python -m scripts.benchmark --device cuda --model bert-base --backends pytorch,pytorch-graphs "
+    "--one-at-a-time-backends pytorch --batch-size 128 --delays 5 --gpu-workers 1,8 --concurrency 1,256,1024 "
+    "--texts 512 --duration 8 --out docs/bench-gpu"
 )
 ONNX_ON_CUDA = "skipped on cuda: onnxruntime on the GPU host has no CUDAExecutionProvider"
+GRAPHS_OFF_CUDA = "skipped on cpu: CUDA graphs need a GPU"
 
 
 def resolve_device(requested: str, cuda_available: bool) -> str:
@@ -45,7 +49,9 @@ def backends_for_device(names: Sequence[str], device: str) -> tuple[list[str], d
     from tooling.bench.backends import BACKENDS
 
     if device != "cuda":
-        return list(names), {}
+        return [n for n in names if not BACKENDS[n].cuda_only], {
+            n: GRAPHS_OFF_CUDA for n in names if BACKENDS[n].cuda_only
+        }
     kept = [name for name in names if not BACKENDS[name].onnx]
     return kept, {name: ONNX_ON_CUDA for name in names if BACKENDS[name].onnx}
 

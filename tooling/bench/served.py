@@ -167,9 +167,9 @@ def served_cells(
     store = Path(workdir) / "store"
     archives = {}
     for threads in dict.fromkeys(layout.threads for layout in layouts):
-        config = write_model_config(Path(workdir) / f"model-config-{threads}.yaml",
-                                    **{**handler_options, "cpu_threads": threads})  # fmt: skip
         for p in backends:
+            config = write_model_config(Path(workdir) / f"model-config-{p.name}-{threads}.yaml",
+                                        **{**p.handler_options(handler_options), "cpu_threads": threads})  # fmt: skip
             archives[p.name, threads] = pack_archive(p.model_dir, f"bench-{p.name}-t{threads}", store, config).name
     option = str(handler_options.get("dtype", "auto"))
     dtypes = {p.name: served_dtype(option, device, p.backend.quantize) for p in backends}

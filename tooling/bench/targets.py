@@ -66,11 +66,19 @@ def select(tables: Mapping[str, Sequence[Mapping]], spec: Mapping) -> float | No
     return float(_PICKS[pick](matching))
 
 
+def targets_for(device: str, targets: Sequence[Mapping]) -> list[Mapping]:
+    """The targets a run on `device` is held to: those naming no device, and those naming this one."""
+    return [target for target in targets if target.get("device") in (None, device)]
+
+
 def evaluate_targets(report: Mapping, targets: Sequence[Mapping] | None = None) -> list[dict]:
-    """Each target with its measured value and whether it was met (met is None when not measured)."""
+    """Each target for the run's device with its measured value and whether it was met (met is None when
+    not measured)."""
     tables = {"served": report["served"], "ceilings": report["ceilings"]}
     results = []
-    for target in load_targets() if targets is None else targets:
+    for target in targets_for(
+        report.get("settings", {}).get("device", "cpu"), load_targets() if targets is None else targets
+    ):
         figures = {name: select(tables, spec) for name, spec in target["select"].items()}
         result = {
             "target": target["name"],

@@ -1,0 +1,77 @@
+"""CUDA graphs on a GPU (handlers/cuda_graphs.py, the `cuda_graphs` handler option): replayed passes
+answer as eager ones do, a pass no bucket holds runs eagerly, and bisection still isolates a failing item.
+
+Marked gpu: skipped, with the reason shown, where torch sees no CUDA device (CI has none). Run them on a
+GPU host with `.venv/bin/python -m pytest -m gpu`. Through a real TorchServe: tests/gpu/test_gpu_serving.py
+runs its mapping and float16 tests with the graphs on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from handlers.loading import load_model
+from handlers.options import HandlerOptions
+from handlers.tokenization import encode
+from tests.answers import candidate_texts
+from tests.support import statuses
+from tooling.inprocess import load_handler, make_context, set_batch
+
+pytestmark = pytest.mark.gpu
+
+MAX_ROWS = 16
+# float32 replayed against float32 eager on the same GPU: the graphs pad each pass wider, and the
+# attention kernel for a masked pass can differ from an unpadded one's; their sums differ in rounding only.
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def eager_and_graphed(tiny_checkpoint):
+    eager = load_model(tiny_checkpoint, HandlerOptions(dtype="float32"), 0, batch_size=MAX_ROWS)
+    graphed = load_model(tiny_checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
+    return eager, graphed
+
+
+def test_every_bucket_is_captured_and_named_in_the_load_log(eager_and_graphed):
+    eager, graphed = eager_and_graphed
+    assert eager.forward.graphs is None
+    graphs = graphed.forward.graphs
+    assert graphs is not None and max(graphs.buckets).rows == MAX_ROWS
+    assert max(graphs.buckets).width >= graphed.max_length
+    assert "CUDA graphs" in graphed.description, graphed.description
+
+
+def test_replayed_passes_answer_as_eager_ones_for_every_size_and_fall_back_beyond_the_largest(eager_and_graphed):
+    eager, graphed = eager_and_graphed
+    rng = random.Random(0)
+    texts = [t for t, _ in zip(candidate_texts(), range(400))]
+    sizes = [1, 2, 3, 7, 8, 15, 16, MAX_ROWS + 1, 40]  # the last two: more rows than any graph, run eagerly
+    for size in sizes:
+        chosen = rng.sample(texts, size) + (["long " * 300] if size == 3 else [])  # one pass at the token cap
+        encodings = encode(eager.encoder, chosen)
+        replayed, alone = graphed.forward(encodings), eager.forward(encodings)
+        assert replayed.shape == alone.shape == (len(chosen), len(eager.labels))
+        np.testing.assert_allclose(replayed, alone, atol=TOLERANCE, err_msg=f"a pass of {len(chosen)} texts")
+    graphs = graphed.forward.graphs
+    assert graphs({"input_ids": np.zeros((MAX_ROWS + 1, 8), dtype=np.int64)}) is None
+
+
+def test_a_failing_item_is_bisected_out_through_the_graphs(unpacked_model_dir):
+    options = {"dtype": "float32", "cuda_graphs": True, "fault_marker": "poison"}
+    handler = load_handler(unpacked_model_dir, options, gpu_id=0)
+    texts = [f"review {i}: the breakfast was {'good' if i % 2 else 'cold'}" for i in range(8)]
+    texts[5] = "poison in the soup"
+    context = make_context(unpacked_model_dir, options, gpu_id=0)
+    bodies = handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in texts]), context)
+    assert statuses(context, 8) == [200] * 5 + [500] + [200] * 2
+    for index, text in enumerate(texts):
+        if index == 5:
+            continue
+        alone = make_context(unpacked_model_dir, options, gpu_id=0)
+        [single] = handler.handle(set_batch(alone, [(text.encode(), "text/plain")]), alone)
+        assert json.loads(bodies[index])["label"] == json.loads(single)["label"]
+        assert json.loads(bodies[index])["score"] == pytest.approx(json.loads(single)["score"], abs=TOLERANCE)

@@ -1,0 +1,87 @@
+"""The handler's tokenization (handlers/tokenization.encode) through real tokenizers: the Rust tokenizer's
+batch call gives the ids, token types and truncation flags the Hugging Face wrapper's call gives, for BERT,
+DistilBERT and RoBERTa, at any cap, whatever the text."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from handlers.tokenization import TextEncoder, encode, text_encoder
+from tooling.checkpoints import build_random_family_classifier
+
+FAMILIES = ["bert", "distilbert", "roberta"]
+TEXTS = [
+    "a fine stay",
+    "Café crème, naïve façade: ÀÉÎÕÜ ß ø",
+    "東京のホテルはとても静かでした 👍🏽 🇫🇷",
+    "مرحبا بالعالم  שלום עולם",
+    "zero\u200bwidth and\u00a0no-break spaces, tabs\tand\nnew lines",
+    "[CLS] [SEP] [PAD] <s> </s> <pad> [MASK] special tokens as text",
+    "   leading and trailing   ",
+    "x",
+    "word " * 40,  # well over the small caps
+]
+CAPS = [3, 5, 16, 256]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request, tiny_checkpoint, tmp_path_factory):
+    if request.param == "bert":
+        return tiny_checkpoint
+    return build_random_family_classifier(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
+
+
+@pytest.fixture
+def tokenizer(checkpoint):
+    """Loaded afresh for each test: as loaded, its Rust tokenizer carries the padding and truncation of the
+    checkpoint's tokenizer.json (the tiny BERT's pads to 128), which the wrapper's first call resets."""
+    return AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+
+
+def through_the_wrapper(tokenizer, texts, cap):
+    """The Hugging Face wrapper's own call (the path for tokenizers without a Rust one)."""
+    return encode(TextEncoder(tokenizer, cap), texts)
+
+
+def test_the_rust_tokenizer_is_used_where_there_is_one(tokenizer):
+    encoder = text_encoder(tokenizer, 256)
+    assert encoder.fast is not None and encoder.max_length == 256
+    expected = ("input_ids", "token_type_ids") if "token_type_ids" in tokenizer.model_input_names else ("input_ids",)
+    assert encoder.features == expected
+    # The checkpoint's own tokenizer is left as it was: the wrapper keeps padding and truncation per call.
+    assert tokenizer(["a b c"])["input_ids"] == tokenizer(["a b c"], truncation=False)["input_ids"]
+
+
+@pytest.mark.parametrize("cap", CAPS)
+def test_ids_types_and_truncation_flags_are_the_wrappers(tokenizer, cap):
+    # Lengths around the cap: one token under, at, and over it, for every cap.
+    words = [" ".join(["word"] * n) for n in range(max(0, cap - 4), cap + 2)]
+    texts = TEXTS + words
+    fast, wrapper = encode(text_encoder(tokenizer, cap), texts), through_the_wrapper(tokenizer, texts, cap)
+    assert fast == wrapper
+    assert all(e.length <= cap for e in fast)
+    assert any(e.truncated for e in fast) and not all(e.truncated for e in fast)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(min_size=0, max_size=80), min_size=1, max_size=6), cap=st.sampled_from(CAPS))
+def test_any_text_is_tokenized_as_the_wrapper_does(tokenizer, texts, cap):
+    assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
+
+
+def test_no_text_is_no_encoding(tokenizer):
+    assert encode(text_encoder(tokenizer, 16), []) == []
+
+
+def test_the_benchmark_times_both_ways_at_each_batch_size(tiny_checkpoint):
+    from tooling.bench.ceilings import tokenization_speed
+    from tooling.bench.corpus import build_corpus
+
+    rows = tokenization_speed(tiny_checkpoint, build_corpus(32), [1, 8], rounds=1)
+    assert [row["batch_size"] for row in rows] == [1, 8]
+    for row in rows:  # timings only: which way is faster is the benchmark's to print, not a test's to require
+        assert row["rust_batch_call_us_per_text"] > 0 and row["wrapper_two_passes_us_per_text"] > 0
+        assert row["speed_up"] == row["wrapper_two_passes_us_per_text"] / row["rust_batch_call_us_per_text"]

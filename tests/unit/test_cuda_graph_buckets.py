@@ -1,0 +1,53 @@
+"""The shapes CUDA graphs are captured for, and how a pass is padded into one (handlers/cuda_graphs.py).
+Pure: no GPU needed; the graphs themselves are tested in tests/gpu."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from handlers.cuda_graphs import Bucket, bucket_ladder, pad_into, smallest_bucket
+from handlers.tokenization import Encoding, collate
+
+
+def test_the_ladder_runs_from_one_short_text_to_the_largest_batch_at_the_cap():
+    ladder = bucket_ladder(128, 256)
+    assert {b.rows for b in ladder} == {1, 2, 4, 8, 16, 32, 64, 128}
+    assert {b.width for b in ladder} == {16, 32, 48, 64, 96, 128, 192, 256}
+    assert len(ladder) == 64
+
+
+def test_maxima_off_the_ladder_are_buckets_themselves():
+    ladder = bucket_ladder(100, 200)
+    assert max(b.rows for b in ladder) == 100 and max(b.width for b in ladder) == 200
+    assert Bucket(64, 192) in ladder and Bucket(100, 200) in ladder
+    assert bucket_ladder(1, 8) == [Bucket(1, 8)]
+
+
+@given(st.integers(1, 160), st.integers(1, 300), st.integers(1, 128), st.integers(8, 256))
+def test_every_pass_within_the_maxima_gets_the_tightest_bucket_and_no_other_does(rows, width, max_rows, max_width):
+    ladder = bucket_ladder(max_rows, max_width)
+    chosen = smallest_bucket(ladder, rows, width)
+    if rows > max_rows or width > max_width:
+        assert chosen is None
+        return
+    assert chosen is not None and chosen.rows >= rows and chosen.width >= width
+    assert all(b.rows * b.width >= chosen.rows * chosen.width for b in ladder if b.rows >= rows and b.width >= width)
+    # The ladder's steps bound the padding: rows at most doubled, width at most doubled (1.5x above 32).
+    assert chosen.rows < 2 * rows or chosen.rows == 1
+    assert chosen.width <= max(16, 2 * width)
+
+
+def test_a_pass_is_padded_into_its_bucket_as_masked_columns_and_lone_token_rows():
+    encodings = [Encoding({"input_ids": [101, 7, 8, 102], "token_type_ids": [0, 0, 0, 0]}, False),
+                 Encoding({"input_ids": [101, 9, 102], "token_type_ids": [0, 0, 0]}, False)]  # fmt: skip
+    arrays = collate(encodings, pad_token_id=0, multiple=1, limit=512)
+    out = {key: np.full((4, 8), -1, dtype=np.int64) for key in arrays}  # stale values from a previous pass
+    pad_into(arrays, out, pad_token_id=0)
+    assert out["input_ids"][:2, :4].tolist() == [[101, 7, 8, 102], [101, 9, 102, 0]]
+    assert out["attention_mask"][:2].tolist() == [[1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]]
+    assert (out["input_ids"][:, 4:] == 0).all() and (out["input_ids"][2:] == 0).all()
+    # Rows beyond the pass: one attended pad token each, nothing left over from before.
+    assert out["attention_mask"][2:].tolist() == [[1, 0, 0, 0, 0, 0, 0, 0]] * 2
+    assert (out["token_type_ids"] == 0).all()
