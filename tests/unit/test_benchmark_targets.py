@@ -159,3 +159,18 @@ def test_a_target_naming_a_device_is_held_to_runs_on_that_device_only():
         for spec in target["select"].values():
             if target.get("device") == "cuda":
                 assert spec["where"]["backend"] == "pytorch-graphs"
+
+
+def test_the_targets_table_shows_rates_whole_and_ratios_to_three_decimals():
+    from tooling.bench.report import targets_table
+
+    rows = [
+        {"target": "rate", "measured": 8757.4, "goal": 20000.0, "unit": "requests/s", "met": False},
+        {"target": "ratio", "measured": 1.23456, "goal": 1.5, "unit": "x", "met": False},
+        {"target": "gpu", "measured": None, "goal": 8.0, "unit": "ms", "met": None},
+    ]
+    assert targets_table(rows)[2:] == [
+        "| rate | 8757 requests/s | 20000 requests/s | NO |",
+        "| ratio | 1.235 | 1.500 | NO |",
+        "| gpu | – ms | 8.000 ms | not measured |",
+    ]

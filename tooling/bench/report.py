@@ -82,7 +82,8 @@ def targets_table(targets: list[Mapping]) -> list[str]:
     for t in targets:
         met = "not measured" if t["met"] is None else ("yes" if t["met"] else "NO")
         unit = "" if t["unit"] == "x" else f" {t['unit']}"
-        lines.append(f"| {t['target']} | {_f(t['measured'], 3)}{unit} | {t['goal']:.3f}{unit} | {met} |")
+        digits = 0 if t["goal"] >= 100 else 3  # a rate's goal (20,000 requests/s) needs no decimals
+        lines.append(f"| {t['target']} | {_f(t['measured'], digits)}{unit} | {t['goal']:.{digits}f}{unit} | {met} |")
     return lines
 
 
