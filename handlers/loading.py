@@ -89,10 +89,15 @@ def load_model(
         # The inputs every pass is collated into (handlers/tokenization.collate): the encoder's, and the mask.
         input_names = (*encoder.features, "attention_mask")
         forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size)
+    # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
+    graphs_ignored = options.cuda_graphs and getattr(forward, "graphs", None) is None
     if options.fault_marker:
         from handlers.fault_injection import FaultInjectingForward
 
         forward = FaultInjectingForward(forward, tokenizer, options)
+    description = forward.description
+    if graphs_ignored:
+        description += "; cuda_graphs ignored: CUDA graphs need a PyTorch archive on a GPU"
     return LoadedModel(
         tokenizer=tokenizer,
         encoder=encoder,
@@ -103,5 +108,5 @@ def load_model(
         token_limit=token_limit,
         model_type=config.model_type,
         backend=backend,
-        description=forward.description,
+        description=description,
     )

@@ -46,3 +46,10 @@ def test_rows_and_columns_a_bucket_adds_leave_the_real_rows_answers_as_they_were
     padded = probabilities(classifier, out)
     assert np.isfinite(padded).all()  # the filler rows too: a NaN there would mean a fully masked row
     np.testing.assert_allclose(padded[:rows], alone, atol=1e-5)
+
+
+def test_cuda_graphs_asked_for_where_there_is_no_gpu_are_said_to_be_ignored(tiny_checkpoint):
+    served = load_model(tiny_checkpoint, HandlerOptions(cuda_graphs=True), None, batch_size=8)
+    assert served.forward.graphs is None
+    assert "cuda_graphs ignored: CUDA graphs need a PyTorch archive on a GPU" in served.description
+    assert "ignored" not in load_model(tiny_checkpoint, HandlerOptions(), None).description
