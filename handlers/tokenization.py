@@ -71,9 +71,9 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
 def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
     """Tokenize texts, capping each at the encoder's max_length tokens and flagging those that were cut.
 
-    With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`; offsets are
-    the costliest part of the call and nothing here uses them), a text cut at the cap being one that left
-    tokens over. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
+    With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`: nothing here
+    uses them, and they cost about a fifth of the call), a text cut at the cap being one that left tokens
+    over. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
     test_tokenization.py), at about 1.5 times its speed, which matters on a GPU where tokenizing a
     batch costs about as long as its forward pass (docs/benchmarks.md, "GPU").
     """

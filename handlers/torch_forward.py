@@ -83,8 +83,12 @@ def load_torch_forward(
     device = select_device(gpu_id)
     if device.type == "cpu":
         torch.set_num_threads(options.cpu_threads or len(os.sched_getaffinity(0)))
-    elif device.type == "cuda" and options.cuda_memory_fraction:
-        torch.cuda.set_per_process_memory_fraction(options.cuda_memory_fraction, device)
+    elif device.type == "cuda":
+        # A worker serves one GPU (TorchServe's gpu_id): make it this process's current device, so streams and
+        # CUDA graphs, which take the current device, are on the model's GPU on a host with several.
+        torch.cuda.set_device(device)
+        if options.cuda_memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(options.cuda_memory_fraction, device)
     dtype = select_dtype(options.dtype, device)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
     model.to(device).eval()
