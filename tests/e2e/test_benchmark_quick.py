@@ -58,6 +58,7 @@ def test_every_backend_is_served_at_each_batching_and_client_count_without_error
     assert measured == sorted(expected)
     for cell in report["served"]:
         assert cell["errors"] == 0 and cell["requests"] > 0
+        assert cell["registration_s"] > 0  # what starting its workers took (on a GPU: CUDA graph capture included)
         assert cell["rps"] == pytest.approx(cell["requests"] / cell["seconds"])
         assert 0 < cell["p50_ms"] <= cell["p95_ms"] <= cell["p99_ms"]
         # The handler counted exactly the requests the clients got answers for (one text each).

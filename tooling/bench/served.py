@@ -118,13 +118,16 @@ class Registration:
     batching: Batching
 
 
-def register_all(server, models: dict[str, Registration]) -> None:
+def register_all(server, models: dict[str, Registration]) -> dict[str, float]:
     """Register every model at once under its own name: worker start-up is mostly single-threaded imports, so
-    starting them side by side takes about half the time; an idle worker costs no CPU."""
+    starting them side by side takes about half the time; an idle worker costs no CPU. Returns the seconds each
+    registration took until its workers were loaded (side by side, so each includes the others' contention):
+    what a worker start costs, CUDA graph capture included."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def register(item: tuple[str, Registration]) -> None:
+    def register(item: tuple[str, Registration]) -> float:
         model, r = item
+        started = time.monotonic()
         # The management API's model_name registers one archive under several names, one per batching setting.
         params = {
             "url": r.archive,
@@ -140,9 +143,10 @@ def register_all(server, models: dict[str, Registration]) -> None:
         )
         if response.status_code != 200:
             raise RuntimeError(f"registering {model} failed: {response.text}")
+        return time.monotonic() - started
 
     with ThreadPoolExecutor(max_workers=len(models)) as pool:
-        list(pool.map(register, models.items()))
+        return dict(zip(models, pool.map(register, models.items())))
 
 
 def served_cells(
@@ -194,9 +198,10 @@ def served_cells(
                 for p in backends
                 for b in settings[p.name]
             }
-            register_all(server, models)
+            registration_s = register_all(server, models)
             workers = {model: len(server.describe(model)[0]["workers"]) for model in models}
-            progress(f"registered {len(models)} models, {sorted(set(workers.values()))} worker(s) each")
+            progress(f"registered {len(models)} models, {sorted(set(workers.values()))} worker(s) each, in "
+                     + ", ".join(f"{model} {seconds:.1f} s" for model, seconds in registration_s.items()))  # fmt: skip
             for model, r in models.items():
                 url = f"{server.inference_url}/predictions/{model}"
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
@@ -214,6 +219,7 @@ def served_cells(
                         "max_batch_delay_ms": r.batching.max_batch_delay_ms,
                         "device": device,
                         "dtype": dtypes[r.backend],
+                        "registration_s": registration_s[model],
                         **measure_cell(server, model, texts, clients, duration, check),
                     }
                     cells.append(cell)
