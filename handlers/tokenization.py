@@ -54,9 +54,12 @@ class TextEncoder:
 
 def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     """The encoder for `tokenizer` at a cap of `max_length` tokens (special tokens included)."""
+    # What the wrapper's call returns too: token types where the model takes them.
+    names = getattr(tokenizer, "model_input_names", ())
+    features = ("input_ids", "token_type_ids") if "token_type_ids" in names else ("input_ids",)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return TextEncoder(tokenizer, max_length)
+        return TextEncoder(tokenizer, max_length, None, features)
     from tokenizers import Tokenizer
 
     # A copy: the checkpoint's tokenizer.json may carry padding and truncation settings of its own, which the
@@ -64,8 +67,7 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     fast = Tokenizer.from_str(backend.to_str())
     fast.no_padding()
     fast.enable_truncation(max_length)
-    names = getattr(tokenizer, "model_input_names", ())
-    return TextEncoder(tokenizer, max_length, fast, tuple(f for f in ("input_ids", "token_type_ids") if f in names))
+    return TextEncoder(tokenizer, max_length, fast, features)
 
 
 def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
