@@ -276,8 +276,10 @@ class TorchServe:
         initial_workers: int | None = 1,
         response_timeout: int | None = None,
         timeout: float = 300.0,
+        model_name: str | None = None,
     ) -> requests.Response:
-        """Register `archive`; initial_workers None leaves the count to the server (default_workers_per_model).
+        """Register `archive` (under `model_name` when given: one archive can be registered under several names);
+        initial_workers None leaves the count to the server (default_workers_per_model).
         A successful registration returns once every worker is READY: TorchServe 0.12 answers a synchronous
         registration when the last worker's load reply arrives, a moment before it sets that worker's state, so
         a describe() at once could show it not yet READY (seen on a fresh clone: 3 ms apart). serve.sh waits
@@ -287,11 +289,13 @@ class TorchServe:
             params["initial_workers"] = initial_workers
         if response_timeout is not None:
             params["response_timeout"] = response_timeout
+        if model_name is not None:
+            params["model_name"] = model_name
         response = self.session.post(
             f"{self.management_url}/models", params=params, headers=self.auth("management"), timeout=timeout
         )
         if response.status_code == 200 and initial_workers != 0:
-            self.wait_until_ready(Path(archive).name.removesuffix(".mar"), timeout=10.0)
+            self.wait_until_ready(model_name or Path(archive).name.removesuffix(".mar"), timeout=10.0)
         return response
 
     def unregister(self, model: str, timeout: float = 120.0) -> requests.Response:

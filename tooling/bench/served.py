@@ -7,8 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from tooling.bench.answers import TOLERANCE, AnswerCheck, answers_alone, served_dtype
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import release
@@ -128,19 +126,9 @@ def register_all(server, models: dict[str, Registration]) -> dict[str, float]:
     def register(item: tuple[str, Registration]) -> float:
         model, r = item
         started = time.monotonic()
-        # The management API's model_name registers one archive under several names, one per batching setting.
-        params = {
-            "url": r.archive,
-            "model_name": model,
-            "batch_size": r.batching.batch_size,
-            "max_batch_delay": r.batching.max_batch_delay_ms,
-            "synchronous": "true",
-        }
-        if r.layout.workers:
-            params["initial_workers"] = r.layout.workers
-        response = requests.post(
-            f"{server.management_url}/models", params=params, headers=server.auth("management"), timeout=600
-        )
+        # One archive registered under several names, one per batching setting; 0 workers: the server's default.
+        response = server.register(r.archive, r.batching.batch_size, r.batching.max_batch_delay_ms,
+                                   initial_workers=r.layout.workers or None, timeout=600, model_name=model)  # fmt: skip
         if response.status_code != 200:
             raise RuntimeError(f"registering {model} failed: {response.text}")
         return time.monotonic() - started
