@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,8 @@ def handler_options_of(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A time limit's SIGTERM unwinds like an error: the private TorchServe is stopped and the workdir removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args = parse_args(argv)
     overrides, options = handler_options_of(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -241,18 +244,28 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
         },
         "backends": {p.name: {"export": p.export} for p in backends},
     }
+    results = args.out / "benchmark.json"
+
+    def keep(**measured) -> None:
+        # Written after the ceilings and after every served cell: a run cut short (a time limit, Ctrl-C, a
+        # failure) leaves what it measured, marked incomplete.
+        results.write_text(json.dumps({**report, **measured, "complete": False}, indent=2))
+
     report["ceilings"] = (
         [] if args.no_ceilings else ceilings(backends, texts, args.batch_size, options, progress, device)
     )
+    keep(served=[])
     settings = {
         p.name: batching_settings(args.batch_size, args.delays, p.name in args.one_at_a_time_backends) for p in backends
     }
     report["served"] = served_cells(
-        backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts, device
-    )
+        backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts, device,
+        measured=lambda cells: keep(served=cells),
+    )  # fmt: skip
     report["targets"] = evaluate_targets(report)
+    report["complete"] = True
 
-    (args.out / "benchmark.json").write_text(json.dumps(report, indent=2))
+    results.write_text(json.dumps(report, indent=2))
     (args.out / "benchmark.md").write_text(markdown(report))
     plot(report, args.out / "benchmark.png")
     print()

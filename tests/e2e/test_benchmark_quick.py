@@ -3,12 +3,15 @@ consistent with what the service did. No timing thresholds: the machine is share
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
+import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tooling.bench.answers import TOLERANCE
@@ -44,6 +47,40 @@ def cells_of(rows, **where):
 
 def cells(report, **where):
     return cells_of(report["served"], **where)
+
+
+def test_a_finished_run_says_it_is_complete(report):
+    assert report["complete"] is True
+
+
+def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_path):
+    """SIGTERM (what `timeout` sends) once the first served cell is measured: benchmark.json holds the cells
+    measured so far, marked incomplete, and every process the run started is gone."""
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "scripts.benchmark", "--quick", "--model", "tiny", "--backends", "pytorch",
+               "--no-ceilings", "--out", str(out)]  # fmt: skip
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed, started = [], []
+    try:
+        for line in run.stdout:
+            printed.append(line)
+            if " req/s " in line:  # a served cell's line (tooling/bench/served.describe_cell)
+                break
+        started = psutil.Process(run.pid).children(recursive=True)
+        assert any("java" in p.name() for p in started), "".join(printed)  # its TorchServe, running
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=90) == 128 + signal.SIGTERM, "".join(printed)
+        _, alive = psutil.wait_procs(started, timeout=30)
+        assert not alive, alive
+    finally:
+        for process in [run, *started]:  # what this test started, by pid, if the run did not stop it
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                process.kill()
+    report = json.loads((out / "benchmark.json").read_text())
+    assert report["complete"] is False and "targets" not in report
+    # Quick serves PyTorch at batch_size 1 and 8 to 1 and 16 clients: stopped before the last of the four.
+    assert 1 <= len(report["served"]) < 4
+    assert all(cell["errors"] == 0 and cell["requests"] > 0 for cell in report["served"])
 
 
 def test_a_cpu_run_skips_the_cuda_graphs_backend_and_says_why(report):
@@ -106,6 +143,9 @@ def test_ceilings_cover_every_backend_and_length_aware_planning_cuts_padding(rep
         assert padded["forward_passes_per_batch"] == 1.0 and aware["forward_passes_per_batch"] > 1.0
         assert 1.0 <= aware["padding_waste"] < padded["padding_waste"]
         assert all(c["texts_per_s"] > 0 for c in rows)
+        # Each ceiling timed the same batches twice: the second pass is its own measurement, with its own median.
+        assert all(c["second_pass_texts_per_s"] > 0 and c["second_pass_texts_per_s"] != c["texts_per_s"] for c in rows)
+        assert all(c["second_pass_p50_ms_per_batch"] > 0 for c in rows)
 
 
 def test_the_onnx_backends_were_exported_and_checked_against_pytorch(report):
@@ -137,5 +177,7 @@ def test_the_markdown_and_the_plot_show_every_cell(quick_run):
         assert row in table
     for target in report["targets"]:
         assert target["target"] in table
+    for row in report["ceilings"]:
+        assert f"| {row['texts_per_s']:.1f} | {row['second_pass_texts_per_s']:.1f} |" in table
     png = (out / "benchmark.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000

@@ -148,11 +148,13 @@ def served_cells(
     progress: Callable[[str], None],
     layouts: Sequence[Layout] = (Layout(1, 0),),
     device: str = "cpu",
+    measured: Callable[[list[dict]], None] = lambda cells: None,
 ) -> list[dict]:
     """Every layout x backend x its batching settings x client count, one model measured at a time so none
     competes; the models of one layout are registered together, then unregistered before the next layout.
     Every answer is checked against its text's answer alone (tooling/bench/answers.py). On cpu the server
-    is told there is no GPU (number_of_gpu=0), so a GPU host's workers stay on the CPU when asked to."""
+    is told there is no GPU (number_of_gpu=0), so a GPU host's workers stay on the CPU when asked to.
+    `measured` is given the cells so far after each one."""
     from tooling.archiving import pack_archive, write_model_config
     from tooling.torchserve import TorchServe, default_job_queue_size
 
@@ -212,5 +214,6 @@ def served_cells(
                     }
                     cells.append(cell)
                     progress(describe_cell(cell))
+                    measured(list(cells))
                 server.unregister(model)
     return cells
