@@ -1,8 +1,9 @@
 """Closed-loop asynchronous load: `concurrency` clients, each sending its next request when the last is answered.
 
-One Python process drives about 3,000 requests/s (it was a whole core at 3,003 req/s against 8 GPU workers
-on the H100), so larger client counts are spread over several processes (`processes_for`), each with its
-own event loop and connections, starting together; their latencies and answer checks are merged.
+Each client holds one keep-alive connection (tooling/bench/http_client.py: about 13 µs of CPU per request on
+a 2-core VM, where aiohttp took 75-106). Larger client counts are still spread over several processes
+(`processes_for`), each with its own event loop and connections, starting together, so one core's event loop
+never sets the pace; their latencies and answer checks are merged.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def cpu_seconds() -> float:
 # Clients per load-generating process, and the most processes (the server needs the other cores).
 CLIENTS_PER_PROCESS = 256
 MAX_PROCESSES = 4
+# How long a request may go unanswered after the cell ends before it counts as an error.
+REQUEST_TIMEOUT_S = 120.0
 
 
 def processes_for(concurrency: int) -> int:
@@ -69,46 +72,60 @@ async def _closed_loop(
     url: str, headers: dict, texts: Sequence[str], clients: range, stride: int, seconds: float,
     check: AnswerCheck | None, start_at: float | None = None,
 ) -> dict:  # fmt: skip
-    """Clients numbered `clients`, client n sending texts n, n + stride, …; from wall-clock `start_at` if given."""
-    import aiohttp
+    """Clients numbered `clients`, client n sending texts n, n + stride, …; from wall-clock `start_at` if given.
+    Each client has its own keep-alive connection (tooling/bench/http_client.py), opened before the clock starts
+    and opened again, inside the clock, after the server closed it."""
+    from tooling.bench.http_client import Connection, Endpoint
 
+    endpoint = Endpoint.of(url, headers)
     latencies: list[float] = []
     errors = 0
-    connector = aiohttp.TCPConnector(limit=len(clients))
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        if start_at is not None:
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-        start = time.perf_counter()
-        deadline = start + seconds
+    opened = await asyncio.gather(*(Connection.to(endpoint) for _ in clients), return_exceptions=True)
+    connections = [c if isinstance(c, Connection) else None for c in opened]
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    start = time.perf_counter()
+    deadline = start + seconds
+    # A request the server never answers fails when the watchdog closes every connection.
+    watchdog = asyncio.get_running_loop().call_later(seconds + REQUEST_TIMEOUT_S, _close_all, connections)
 
-        async def client(n: int) -> None:
-            nonlocal errors
-            i = n
-            while time.perf_counter() < deadline:
-                index = i
-                body = texts[index % len(texts)].encode()
-                i += stride
-                sent = time.perf_counter()
-                try:
-                    async with session.post(url, data=body) as response:
-                        answer = await response.read()
-                        ok = response.status == 200
-                except aiohttp.ClientError:
-                    ok = False
-                if ok:
-                    latencies.append(time.perf_counter() - sent)
-                    if check is not None:  # after the latency: checking is the client's time, not the server's
-                        check.check(index, answer)
-                else:
-                    errors += 1
+    async def client(slot: int, n: int) -> None:
+        nonlocal errors
+        i = n
+        while time.perf_counter() < deadline:
+            index = i
+            body = texts[index % len(texts)].encode()
+            i += stride
+            sent = time.perf_counter()
+            try:
+                connection = connections[slot]
+                if connection is None or not connection.open:
+                    connection = connections[slot] = await Connection.to(endpoint)
+                status, answer = await connection.post(endpoint, body)
+                ok = status == 200
+            except OSError:  # refused, reset, or closed before the answer (http_client.ConnectionClosed)
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - sent)
+                if check is not None:  # after the latency: checking is the client's time, not the server's
+                    check.check(index, answer)
+            else:
+                errors += 1
 
-        cpu_before = cpu_seconds()
-        await asyncio.gather(*(client(n) for n in clients))
-        elapsed = time.perf_counter() - start
-        cpu_used = cpu_seconds() - cpu_before
+    cpu_before = cpu_seconds()
+    await asyncio.gather(*(client(slot, n) for slot, n in enumerate(clients)))
+    elapsed = time.perf_counter() - start
+    cpu_used = cpu_seconds() - cpu_before
+    watchdog.cancel()
+    _close_all(connections)
     return {"latencies": latencies, "errors": errors, "seconds": elapsed, "cpu_seconds": cpu_used,
             "check": check.figures() if check is not None else None}  # fmt: skip
+
+
+def _close_all(connections: Sequence) -> None:
+    for connection in connections:
+        if connection is not None:
+            connection.close()
 
 
 def _shard(args: tuple) -> dict:

@@ -1,0 +1,102 @@
+"""The load generator's HTTP/1.1 client: one keep-alive connection per closed-loop client, each response
+parsed by httptools (the C parser uvicorn uses).
+
+Why not aiohttp, which this replaced: its per-request machinery cost the load generator about 90 µs of CPU
+per request on a 2-core VM and 250-300 µs on the H100 host under load (docs/bench-gpu: 2.3 cores at 8,757
+requests/s), so 20,000 requests/s would have needed five or more cores beside the server's, more than the
+closed loop may take. A request here is one write and one parse: about a quarter of aiohttp's CPU or less,
+side by side (docs/benchmarks.md, "The load generator").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class ConnectionClosed(ConnectionError):
+    """The connection closed before the response was complete (the server closed it, or the watchdog did)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to POST, and the request head every request repeats up to its Content-Length value."""
+
+    host: str
+    port: int
+    head: bytes
+
+    @classmethod
+    def of(cls, url: str, headers: dict[str, str]) -> Endpoint:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise ValueError(f"the load generator speaks plain http to a host: {url}")
+        port = parts.port or 80
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        lines = [f"POST {target or '/'} HTTP/1.1", f"Host: {parts.hostname}:{port}"]
+        lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() != "content-length"]
+        return cls(parts.hostname, port, ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1"))
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection, one request at a time (a closed-loop client never has two in flight)."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._waiting: asyncio.Future | None = None
+        self._body: list[bytes] = []
+        self.open = False
+
+    @classmethod
+    async def to(cls, endpoint: Endpoint) -> Connection:
+        _, connection = await asyncio.get_running_loop().create_connection(cls, endpoint.host, endpoint.port)
+        return connection
+
+    def post(self, endpoint: Endpoint, body: bytes) -> asyncio.Future:
+        """Send one request; the future gets (status, body), or ConnectionClosed."""
+        if not self.open or self._transport is None:
+            raise ConnectionClosed("the connection is closed")
+        self._waiting = asyncio.get_running_loop().create_future()
+        self._transport.write(endpoint.head + b"%d\r\n\r\n" % len(body) + body)
+        return self._waiting
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # ---- asyncio.Protocol and httptools' callbacks -----------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(ConnectionClosed(f"unreadable response: {error}"))
+            self.close()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body, self._body = b"".join(self._body), []
+        if not self._parser.should_keep_alive():  # the server said Connection: close
+            self.open = False
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result((self._parser.get_status_code(), body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        self._fail(ConnectionClosed(str(exc) if exc else "closed by the server"))
+
+    def _fail(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(error)
