@@ -5,7 +5,9 @@ counted as the server gave them, connections the server closes opened again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from tooling.bench.answers import AnswerCheck
-from tooling.bench.http_client import Endpoint
+from tooling.bench.http_client import Endpoint, header_lines
 from tooling.bench.loadgen import closed_loop
+from tooling.bench.openloop import open_loop, open_loop_payloads
 from tooling.torchserve import free_port
 
 TEXTS = ["short", "a somewhat longer text, with punctuation", "é ünïcode ✓", "x" * 5000]
@@ -32,8 +35,9 @@ class Server:
 
 
 @contextmanager
-def serving(answer: Callable[[int, str], web.StreamResponse | None]) -> Iterator[tuple[str, Server]]:
-    """An aiohttp server in its own thread; `answer(n, body)` answers the n-th request (None: drop it)."""
+def serving(answer: Callable[..., object]) -> Iterator[tuple[str, Server]]:
+    """An aiohttp server in its own thread; `answer(n, body[, request])` answers the n-th request (None: drop it;
+    an awaitable: answer when it is done)."""
     server, port, ready = Server(), free_port(), threading.Event()
     loop = asyncio.new_event_loop()
 
@@ -42,7 +46,9 @@ def serving(answer: Callable[[int, str], web.StreamResponse | None]) -> Iterator
         server.bodies[body] += 1
         server.connections.add(request.transport)  # held: the set counts distinct connections
         n = sum(server.bodies.values())
-        response = answer(n, body)
+        response = answer(n, body, request) if answer.__code__.co_argcount == 3 else answer(n, body)
+        if asyncio.iscoroutine(response):
+            response = await response
         if response is None:
             request.transport.close()  # no answer at all: the client sees the connection go
             raise asyncio.CancelledError
@@ -132,9 +138,65 @@ def test_the_request_head_carries_the_headers_and_never_a_second_content_length(
     endpoint = Endpoint.of(
         "http://127.0.0.1:8080/predictions/m?x=1", {"Authorization": "Bearer t", "Content-Length": "9"}
     )
-    head = endpoint.head.decode()
-    assert head.startswith("POST /predictions/m?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n")
-    assert "Authorization: Bearer t\r\n" in head and head.endswith("\r\nContent-Length: ")
-    assert head.count("Content-Length") == 1
+    assert endpoint.head == b"POST /predictions/m?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAuthorization: Bearer t\r\n"
+    assert header_lines({"X-Request-Deadline": "17", "content-length": "3"}) == b"X-Request-Deadline: 17\r\n"
     with pytest.raises(ValueError):
         Endpoint.of("https://example.com/predictions/m", {})
+
+
+# ---- the open loop (tooling/bench/openloop.py): overlapping requests, each with its own timeout -------------
+
+
+def test_the_open_loop_sends_each_payload_with_its_headers_and_its_deadline():
+    seen = []
+
+    def record(n: int, body: str, request: web.Request) -> web.Response:
+        seen.append((body, request.headers.get("Content-Type"), request.headers.get("X-Request-Deadline"),
+                     request.headers.get("Authorization")))  # fmt: skip
+        return answer_of(body)
+
+    payloads = [(TEXTS[0].encode(), {"Content-Type": "application/json"}), (TEXTS[1].encode(), {})]
+    with serving(record) as (url, _):
+        sent_ms = 1000 * time.time()
+        result = open_loop_payloads(url, {"Authorization": "Bearer t", "Content-Type": "text/plain"}, payloads,
+                                    rate=200, seconds=0.2, timeout_s=5.0, deadline=True)  # fmt: skip
+    summary = result.summary()
+    assert summary["offered"] == 40 == summary["answered_in_time"] == len(seen)
+    # A payload's own Content-Type wins over the run's, once; the run's other headers ride along.
+    assert {(body, kind) for body, kind, _, _ in seen} == {(TEXTS[0], "application/json"), (TEXTS[1], "text/plain")}
+    assert all(auth == "Bearer t" for *_, auth in seen)
+    # Each request's deadline: its send time plus the client's timeout.
+    assert all(sent_ms + 5000 - 50 <= int(d) <= sent_ms + 5000 + 1000 for _, _, d, _ in seen)
+
+
+def test_a_request_past_its_timeout_is_given_up_and_its_connection_never_reused():
+    def slow_every_fourth(n: int, body: str, request: web.Request):
+        return asyncio.sleep(1.0, answer_of(body)) if n % 4 == 0 else answer_of(body)
+
+    with serving(slow_every_fourth) as (url, server):
+        result = open_loop(url, {"Content-Type": "text/plain"}, TEXTS, rate=100, seconds=0.4, timeout_s=0.3,
+                           keep_bodies=True)  # fmt: skip
+    summary = result.summary()
+    assert summary["gave_up"] == 10 and summary["answered_in_time"] == 30  # every fourth of 40
+    assert summary["connection_errors"] == 0 and summary["refused_total"] == 0
+    # No late answer was read on a reused connection: every answer in time is its own text's.
+    answered = [o for o in result.outcomes if o.status == 200]
+    assert all(json.loads(o.body) == ANSWERS[o.index % len(TEXTS)] and o.seconds < 0.3 for o in answered)
+    assert sum(server.bodies.values()) == 40
+
+
+def test_the_open_loop_counts_refusals_by_status_and_type_and_dropped_requests_as_connection_errors():
+    def mixed(n: int, body: str, request: web.Request):
+        if n % 5 == 0:
+            return None  # dropped
+        if n % 5 == 1:
+            refused = web.json_response({"code": 503, "type": "ServiceUnavailableException"}, status=503)
+            refused.force_close()
+            return refused
+        return answer_of(body)
+
+    with serving(mixed) as (url, _):
+        result = open_loop(url, {"Content-Type": "text/plain"}, TEXTS, rate=100, seconds=0.5, timeout_s=2.0)
+    summary = result.summary()
+    assert summary["refused"] == {"503 ServiceUnavailableException": 10}
+    assert summary["connection_errors"] == 10 and summary["answered_in_time"] == 30

@@ -1,5 +1,5 @@
-"""The load generator's HTTP/1.1 client: one keep-alive connection per closed-loop client, each response
-parsed by httptools (the C parser uvicorn uses).
+"""The load generators' HTTP/1.1 client: keep-alive connections (one per closed-loop client; a pool for the
+open loop's overlapping requests), each response parsed by httptools (the C parser uvicorn uses).
 
 Why not aiohttp, which this replaced: its per-request machinery cost the load generator about 90 µs of CPU
 per request on a 2-core VM and 250-300 µs on the H100 host under load (docs/bench-gpu: 2.3 cores at 8,757
@@ -11,6 +11,7 @@ side by side (docs/benchmarks.md, "The load generator").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -21,24 +22,31 @@ class ConnectionClosed(ConnectionError):
     """The connection closed before the response was complete (the server closed it, or the watchdog did)."""
 
 
+def header_lines(headers: Mapping[str, str]) -> bytes:
+    """Headers as request lines ("Name: value\\r\\n" each); Content-Length is the client's own to write."""
+    return "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items() if name.lower() != "content-length"
+    ).encode("latin-1")
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """Where to POST, and the request head every request repeats up to its Content-Length value."""
+    """Where to POST, and the head every request to it starts with: the request line, Host and the
+    headers every request carries."""
 
     host: str
     port: int
     head: bytes
 
     @classmethod
-    def of(cls, url: str, headers: dict[str, str]) -> Endpoint:
+    def of(cls, url: str, headers: Mapping[str, str]) -> Endpoint:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             raise ValueError(f"the load generator speaks plain http to a host: {url}")
         port = parts.port or 80
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        lines = [f"POST {target or '/'} HTTP/1.1", f"Host: {parts.hostname}:{port}"]
-        lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() != "content-length"]
-        return cls(parts.hostname, port, ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1"))
+        line = f"POST {target or '/'} HTTP/1.1\r\nHost: {parts.hostname}:{port}\r\n".encode("latin-1")
+        return cls(parts.hostname, port, line + header_lines(headers))
 
 
 class Connection(asyncio.Protocol):
@@ -56,12 +64,13 @@ class Connection(asyncio.Protocol):
         _, connection = await asyncio.get_running_loop().create_connection(cls, endpoint.host, endpoint.port)
         return connection
 
-    def post(self, endpoint: Endpoint, body: bytes) -> asyncio.Future:
-        """Send one request; the future gets (status, body), or ConnectionClosed."""
+    def post(self, endpoint: Endpoint, body: bytes, headers: bytes = b"") -> asyncio.Future:
+        """Send one request, with `headers` (header_lines) besides the endpoint's; the future gets (status, body),
+        or ConnectionClosed."""
         if not self.open or self._transport is None:
             raise ConnectionClosed("the connection is closed")
         self._waiting = asyncio.get_running_loop().create_future()
-        self._transport.write(endpoint.head + b"%d\r\n\r\n" % len(body) + body)
+        self._transport.write(endpoint.head + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         return self._waiting
 
     def close(self) -> None:
@@ -100,3 +109,34 @@ class Connection(asyncio.Protocol):
         waiting, self._waiting = self._waiting, None
         if waiting is not None and not waiting.done():
             waiting.set_exception(error)
+
+
+class Pool:
+    """Connections to one endpoint for requests that overlap (the open loop): an idle one is reused, else a new
+    one is opened. A connection whose request was abandoned (its client's timeout) is closed rather than
+    reused: its answer may still arrive."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._idle: list[Connection] = []
+
+    async def post(self, body: bytes, headers: bytes = b"") -> tuple[int, bytes]:
+        connection = None
+        while self._idle and connection is None:
+            candidate = self._idle.pop()
+            connection = candidate if candidate.open else None
+        if connection is None:
+            connection = await Connection.to(self.endpoint)
+        try:
+            answer = await connection.post(self.endpoint, body, headers)
+        except BaseException:  # a timeout's cancellation included
+            connection.close()
+            raise
+        if connection.open:
+            self._idle.append(connection)
+        return answer
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()

@@ -95,48 +95,47 @@ async def _open_loop(
     url: str, headers: dict, payloads: Sequence[Payload], schedule: Sequence[float], seconds: float,
     timeout_s: float, deadline: bool, keep_bodies: bool,
 ) -> OpenLoopResult:  # fmt: skip
-    import aiohttp
+    from tooling.bench.http_client import Endpoint, Pool, header_lines
 
     # Each request holds a socket for at most its timeout: the rate x timeout in flight must all fit.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    pool = Pool(Endpoint.of(url, {}))
+    # Each payload's headers over the run's (a payload's Content-Type wins), written once.
+    heads = [header_lines({**headers, **payload_headers}) for _, payload_headers in payloads]
     result = OpenLoopResult(offered=len(schedule), seconds=seconds, timeout_s=timeout_s)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
-        async def send(i: int) -> None:
-            data, request_headers = payloads[i % len(payloads)]
-            if deadline:
-                request_headers = {**request_headers, DEADLINE_HEADER: str(int(1000 * (time.time() + timeout_s)))}
-            sent = time.perf_counter()
-            status, body = 0, b""
-            try:
-                async with session.post(
-                    url, data=data, headers=request_headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-                ) as response:
-                    body = await response.read()
-                    status = response.status
-            except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-                status = 0
-            except aiohttp.ClientError:
-                status = -1
-            if status > 0 and status != 200:
-                result.refused[_refusal(status, body)] += 1
-            kept = body if keep_bodies else b""
-            result.outcomes.append(Outcome(i, status, time.perf_counter() - sent, kept, sent - start))
+    async def send(i: int) -> None:
+        data, head = payloads[i % len(payloads)][0], heads[i % len(payloads)]
+        if deadline:
+            head += header_lines({DEADLINE_HEADER: str(int(1000 * (time.time() + timeout_s)))})
+        sent = time.perf_counter()
+        status, body = 0, b""
+        try:
+            async with asyncio.timeout(timeout_s):
+                status, body = await pool.post(data, head)
+        except TimeoutError:
+            status = 0
+        except OSError:  # refused, reset, or closed before the answer
+            status = -1
+        if status > 0 and status != 200:
+            result.refused[_refusal(status, body)] += 1
+        kept = body if keep_bodies else b""
+        result.outcomes.append(Outcome(i, status, time.perf_counter() - sent, kept, sent - start))
 
-        cpu_before = cpu_seconds()
-        start = time.perf_counter()
-        tasks = []
-        for i, at in enumerate(schedule):
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                result.max_lag_ms = max(result.max_lag_ms, -1000 * delay)
-            tasks.append(asyncio.create_task(send(i)))
-        await asyncio.gather(*tasks)
-        result.client_cpu_s = cpu_seconds() - cpu_before
+    cpu_before = cpu_seconds()
+    start = time.perf_counter()
+    tasks = []
+    for i, at in enumerate(schedule):
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            result.max_lag_ms = max(result.max_lag_ms, -1000 * delay)
+        tasks.append(asyncio.create_task(send(i)))
+    await asyncio.gather(*tasks)
+    result.client_cpu_s = cpu_seconds() - cpu_before
+    pool.close()
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     return result
 
