@@ -4,8 +4,8 @@ open loop's overlapping requests), each response parsed by httptools (the C pars
 Why not aiohttp, which this replaced: its per-request machinery cost the load generator about 90 µs of CPU
 per request on a 2-core VM and 250-300 µs on the H100 host under load (docs/bench-gpu: 2.3 cores at 8,757
 requests/s), so 20,000 requests/s would have needed five or more cores beside the server's, more than the
-closed loop may take. A request here is one write and one parse: about a quarter of aiohttp's CPU or less,
-side by side (docs/benchmarks.md, "The load generator").
+closed loop may take. A request here is one write and one parse: a third of aiohttp's CPU against TorchServe,
+a sixth to an eighth where the client is the limit, side by side (docs/benchmarks.md, "The load generator").
 """
 
 from __future__ import annotations
