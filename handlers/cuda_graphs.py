@@ -6,7 +6,7 @@ texts/s eager against 26,436 when each shape's kernels were replayed from a grap
 "GPU"; ../shared/notes/gpu-facts.md). A graph's shapes are fixed, so each pass is padded up to the
 smallest captured shape (a bucket: rows x width) that holds it: the extra columns are masked and the
 extra rows are answered and dropped. A BERT row never attends to another row, so neither changes the
-real rows' answers (tests/inprocess/test_cuda_graph_buckets.py checks that on the CPU, and the gpu tests
+real rows' answers (tests/inprocess/test_cuda_graph_padding.py checks that on the CPU, and the gpu tests
 through the graphs themselves).
 
 A pass no bucket holds (more rows than the largest batch, or wider than the token cap) runs eagerly.

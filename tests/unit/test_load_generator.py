@@ -35,8 +35,8 @@ class Server:
 
 
 @contextmanager
-def serving(answer: Callable[..., object]) -> Iterator[tuple[str, Server]]:
-    """An aiohttp server in its own thread; `answer(n, body[, request])` answers the n-th request (None: drop it;
+def serving(answer: Callable[[int, str, web.Request], object]) -> Iterator[tuple[str, Server]]:
+    """An aiohttp server in its own thread; `answer(n, body, request)` answers the n-th request (None: drop it;
     an awaitable: answer when it is done)."""
     server, port, ready = Server(), free_port(), threading.Event()
     loop = asyncio.new_event_loop()
@@ -46,7 +46,7 @@ def serving(answer: Callable[..., object]) -> Iterator[tuple[str, Server]]:
         server.bodies[body] += 1
         server.connections.add(request.transport)  # held: the set counts distinct connections
         n = sum(server.bodies.values())
-        response = answer(n, body, request) if answer.__code__.co_argcount == 3 else answer(n, body)
+        response = answer(n, body, request)
         if asyncio.iscoroutine(response):
             response = await response
         if response is None:
@@ -89,7 +89,7 @@ def run(url: str, clients: int = 4, seconds: float = 0.5) -> dict:
 
 
 def test_every_request_arrives_whole_and_every_answer_is_read_and_checked():
-    with serving(lambda n, body: answer_of(body)) as (url, server):
+    with serving(lambda n, body, request: answer_of(body)) as (url, server):
         result = run(url)
     assert result["errors"] == 0 and result["requests"] > 20
     assert set(server.bodies) <= set(TEXTS) and len(server.bodies) == len(TEXTS)  # whole, every text
@@ -100,7 +100,7 @@ def test_every_request_arrives_whole_and_every_answer_is_read_and_checked():
 
 
 def test_a_server_that_closes_every_connection_is_followed_to_a_new_one():
-    def close_after(n: int, body: str) -> web.Response:
+    def close_after(n: int, body: str, request: web.Request) -> web.Response:
         response = answer_of(body)
         response.force_close()  # Connection: close
         return response
@@ -112,7 +112,7 @@ def test_a_server_that_closes_every_connection_is_followed_to_a_new_one():
 
 
 def test_error_statuses_are_counted_as_the_server_sent_them_and_the_rest_served():
-    def some_refused(n: int, body: str) -> web.Response:
+    def some_refused(n: int, body: str, request: web.Request) -> web.Response:
         if n % 3 == 0:
             refused = web.json_response({"code": 503}, status=503)
             refused.force_close()  # as TorchServe does after an error status
@@ -127,7 +127,7 @@ def test_error_statuses_are_counted_as_the_server_sent_them_and_the_rest_served(
 
 
 def test_a_request_dropped_without_an_answer_is_an_error_and_the_client_goes_on():
-    with serving(lambda n, body: None if n % 5 == 0 else answer_of(body)) as (url, server):
+    with serving(lambda n, body, request: None if n % 5 == 0 else answer_of(body)) as (url, server):
         result = run(url)
     dropped = sum(server.bodies.values()) - sum(server.statuses.values())
     assert result["errors"] == dropped > 0

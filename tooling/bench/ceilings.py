@@ -24,6 +24,7 @@ from handlers.options import HandlerOptions
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import gpu_id_of, release, synchronize
 from tooling.bench.loadgen import percentile_ms
+from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
 WARM_UP_TEXTS = 16
 # A token budget no batch reaches: every batch is one forward pass padded to its longest text.
@@ -147,8 +148,6 @@ def handler_ceiling(
 ) -> dict:
     """The handler in-process at batch B: decoding, validation, tokenization, planning, forward, JSON.
     Its answers are on the host, so its forward pass has synchronized the GPU before each batch returns."""
-    from tooling.inprocess import load_handler, make_context, unpacked_layout
-
     batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
     with tempfile.TemporaryDirectory(prefix="bench-unpacked-") as tmp:
         model_dir = unpacked_layout(prepared.model_dir, Path(tmp))
@@ -174,8 +173,6 @@ def handler_ceiling(
 
 
 def _handle(handler, context, texts: list[str]) -> None:
-    from tooling.inprocess import set_batch
-
     handler.handle(set_batch(context, [(t.encode(), "text/plain") for t in texts]), context)
 
 

@@ -78,6 +78,7 @@ async def _closed_loop(
     from tooling.bench.http_client import Connection, Endpoint
 
     endpoint = Endpoint.of(url, headers)
+    bodies = [text.encode() for text in texts]
     latencies: list[float] = []
     errors = 0
     opened = await asyncio.gather(*(Connection.to(endpoint) for _ in clients), return_exceptions=True)
@@ -94,7 +95,7 @@ async def _closed_loop(
         i = n
         while time.perf_counter() < deadline:
             index = i
-            body = texts[index % len(texts)].encode()
+            body = bodies[index % len(bodies)]
             i += stride
             sent = time.perf_counter()
             try:
