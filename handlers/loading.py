@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from handlers.cpu_quota import usable_cpus
 from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
 from handlers.options import HandlerOptions
-from handlers.tokenization import Encoding, TextEncoder, model_token_limit, text_encoder
+from handlers.tokenization import Encoding, TextEncoder, model_token_limit, size_tokenizer_pool, text_encoder
 
 Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
 
@@ -70,6 +71,8 @@ def load_model(
     from transformers import AutoConfig, AutoTokenizer
 
     model_dir = Path(model_dir)
+    tokenizer_threads = options.cpu_threads or usable_cpus()
+    size_tokenizer_pool(tokenizer_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     token_limit = model_token_limit(tokenizer, config)
@@ -95,7 +98,7 @@ def load_model(
         from handlers.fault_injection import FaultInjectingForward
 
         forward = FaultInjectingForward(forward, tokenizer, options)
-    description = forward.description
+    description = f"{forward.description}; tokenizer {tokenizer_threads} thread(s)"
     if graphs_ignored:
         description += "; cuda_graphs ignored: CUDA graphs need a PyTorch archive on a GPU"
     return LoadedModel(

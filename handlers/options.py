@@ -44,9 +44,10 @@ class HandlerOptions:
     pad_to_multiple_of: int = 0
     # Weights dtype: "auto" = float16 on CUDA, float32 on CPU.
     dtype: str = "auto"
-    # Intra-op CPU threads per worker; 0 = the CPUs this process may use at once: its affinity,
-    # capped by its cgroup's CPU quota (a pod's CPU limit; handlers/cpu_quota.py). Both backends
-    # (PyTorch's intra-op pool and ONNX Runtime's intra_op_num_threads).
+    # CPU threads per worker, in each of its pools; 0 = the CPUs this process may use at once: its
+    # affinity, capped by its cgroup's CPU quota (a pod's CPU limit; handlers/cpu_quota.py). The
+    # forward pass's intra-op pool (PyTorch's, ONNX Runtime's intra_op_num_threads) and the Rust
+    # tokenizer's batch pool (handlers/tokenization.size_tokenizer_pool).
     cpu_threads: int = 0
     # ONNX Runtime only (archives holding model.onnx). Inter-op threads: 1 runs the graph's
     # nodes one after another (sequential mode); more runs independent branches in parallel.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,19 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     fast.no_padding()
     fast.enable_truncation(max_length)
     return TextEncoder(tokenizer, max_length, fast, features)
+
+
+def size_tokenizer_pool(threads: int) -> None:
+    """Run the Rust tokenizer's batch calls on `threads` threads, like the forward pass's pools (cpu_threads).
+
+    Its batch call splits a batch over rayon's pool, which is process-wide and built at the first batch call
+    with RAYON_NUM_THREADS threads, or else one per core the process sees: each of several workers on one host
+    would start a thread per core. Held to one thread, two workers on 2 cores tokenized a batch in about two
+    thirds of the time (docs/batching.md, "Workers and threads on a CPU"). Call it before the process
+    tokenizes anything: the first batch call fixes the pool for the process's life, so in a TorchServe worker
+    (one model) the model's option decides; it overrides a RAYON_NUM_THREADS the worker inherited.
+    """
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
 
 
 def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
