@@ -7,6 +7,7 @@ a checkpoint through the one loader and counts the threads the first batch call 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,8 +49,11 @@ def first_batch_threads(checkpoint: Path, cpu_threads: int, env: dict[str, str] 
 
 
 @pytest.mark.parametrize("cpu_threads", [1, 3])
-def test_the_tokenizer_starts_cpu_threads_threads(tiny_checkpoint, cpu_threads):
-    started, description = first_batch_threads(tiny_checkpoint, cpu_threads)
+def test_the_tokenizer_starts_cpu_threads_threads_whatever_the_worker_inherited(tiny_checkpoint, cpu_threads):
+    """TorchServe's workers inherit the frontend's environment; the model's option is the one setting."""
+    started, description = first_batch_threads(
+        tiny_checkpoint, cpu_threads, env={**os.environ, "RAYON_NUM_THREADS": "5"}
+    )
     assert started == cpu_threads
     assert f"tokenizer {cpu_threads} thread(s)" in description
 
@@ -58,11 +62,3 @@ def test_by_default_the_tokenizer_starts_one_thread_per_usable_cpu(tiny_checkpoi
     started, description = first_batch_threads(tiny_checkpoint, 0)
     assert started == usable_cpus()
     assert f"tokenizer {usable_cpus()} thread(s)" in description
-
-
-def test_the_option_overrides_a_rayon_setting_the_worker_inherited(tiny_checkpoint):
-    """TorchServe's workers inherit the frontend's environment; the model's option is the one setting."""
-    import os
-
-    started, _ = first_batch_threads(tiny_checkpoint, 1, env={**os.environ, "RAYON_NUM_THREADS": "5"})
-    assert started == 1
