@@ -144,6 +144,21 @@ def test_the_handler_emits_only_metrics_that_metrics_yaml_declares(unpacked_mode
     assert set(context.metrics.cache_keys()) == declared
 
 
+def test_a_batchs_metric_lines_carry_no_request_ids(unpacked_model_dir, caplog):
+    """TorchServe's add_metric writes every request id of the batch into each line (about 4.7 KB at batch 128)
+    for the frontend to read and parse; a batch's figures belong to no one request (docs/metrics.md)."""
+    from handlers.bert_handler import BertSequenceClassifierHandler
+
+    context = make_context(unpacked_model_dir, {"warmup": False})  # one context, as in TorchServe's worker
+    handler = BertSequenceClassifierHandler()
+    handler.initialize(context)
+    caplog.set_level(logging.INFO, logger="ts.metrics.caching_metric")
+    run(handler, context, [(b"one", TEXT), (b"", TEXT), (b"three items here", TEXT)])
+    lines = [m for m in caplog.messages if m.startswith("[METRICS]bert_")]
+    assert len(lines) == 11  # six batch counts, one rejection, four stages
+    assert not [line for line in lines if "req-" in line]
+
+
 def test_handle_never_raises_and_fills_every_slot(loaded_handler, context, monkeypatch):
     import handlers.pipeline as module
 

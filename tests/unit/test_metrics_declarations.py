@@ -8,12 +8,13 @@ catch that before a server is started.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.service import PREDICTION_METRIC
 
-from handlers.handler_metrics import DECLARED, HandlerMetrics
+from handlers.handler_metrics import DECLARED, HANDLER_TIME, HandlerMetrics
 from tests.doc_tables import documented_metrics
 from tooling.paths import METRICS_CONFIG
 
@@ -60,6 +61,27 @@ def test_emitting_every_handler_metric_through_torchserve_adds_nothing_undeclare
     emitted = {line.split("[METRICS]", 1)[1].split(".", 1)[0] for line in caplog.messages if "[METRICS]" in line}
     assert emitted == set(DECLARED)
     assert "could not emit metric" not in caplog.text
+
+
+def test_on_a_server_whose_metrics_config_lacks_them_the_handler_still_emits_every_metric(caplog):
+    """TorchServe's own metrics.yaml declares none of the handler's but HandlerTime: each other one is added to
+    the cache, as add_metric would, and emitted (the frontend then drops it from /metrics: hence this
+    project's own metrics.yaml)."""
+    import ts
+
+    cache = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    cache.initialize_cache()
+    present = {key.split(":", 1)[1] for key in cache.cache_keys()}
+    assert not {name for name in DECLARED if name != HANDLER_TIME} & present
+    caplog.set_level(logging.INFO)
+    metrics = HandlerMetrics(cache, "tiny")
+    metrics.batch(size=3, forward_passes=1, real_tokens=10, padded_tokens=12)
+    metrics.rejected("EmptyText")
+    metrics.stage("forward", 1.5)
+    metrics.handler_time(2.0)
+    emitted = {line.split("[METRICS]", 1)[1].split(".", 1)[0] for line in caplog.messages if "[METRICS]" in line}
+    assert emitted == set(DECLARED)
+    assert "could not" not in caplog.text
 
 
 def test_the_metrics_guide_documents_every_metric_the_handler_emits_as_declared():
