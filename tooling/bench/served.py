@@ -154,7 +154,7 @@ def served_cells(
     competes; the models of one layout are registered together, then unregistered before the next layout.
     Every answer is checked against its text's answer alone (tooling/bench/answers.py). On cpu the server
     is told there is no GPU (number_of_gpu=0), so a GPU host's workers stay on the CPU when asked to.
-    `measured` is given the cells so far after each one."""
+    `measured` is given the cells so far after each one, before its progress line."""
     from tooling.archiving import pack_archive, write_model_config
     from tooling.torchserve import TorchServe, default_job_queue_size
 
@@ -213,7 +213,8 @@ def served_cells(
                         **measure_cell(server, model, texts, clients, duration, check),
                     }
                     cells.append(cell)
-                    progress(describe_cell(cell))
+                    # Kept before it is printed: a run stopped on seeing a cell's line has that cell on disk.
                     measured(list(cells))
+                    progress(describe_cell(cell))
                 server.unregister(model)
     return cells
