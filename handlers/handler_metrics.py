@@ -50,25 +50,24 @@ class HandlerMetrics:
     """
 
     def __init__(self, cache, model_name: str) -> None:
-        self._cache = cache
         self._model_name = model_name
         self._warned = False
-        self._metrics = {}
+        self._metrics = {}  # name -> TorchServe's metric object; empty: no cache (outside a worker), emit nothing
         if cache is not None:
             try:
                 self._metrics = {name: _metric_object(cache, name) for name in DECLARED}
             except Exception:
                 logger.warning("could not set up the handler's metrics; serving without them", exc_info=True)
-                self._cache = None
 
     def _emit(self, name: str, value: float, **extra: str) -> None:
-        if self._cache is None:
+        metric = self._metrics.get(name)
+        if metric is None:
             return
         values = [self._model_name, "Model", *(extra[dim] for dim in DECLARED[name][2])]
         try:
             # Without a request id: a batch's figure belongs to no one request, and TorchServe's add_metric writes
             # every request id of the batch into the line (about 4.7 KB at 128), which the frontend then parses.
-            self._metrics[name].add_or_update(value, values, "")
+            metric.add_or_update(value, values, "")
         except Exception:
             if not self._warned:
                 logger.warning("could not emit metric %s", name, exc_info=True)
