@@ -2,7 +2,7 @@
 
 corpus.py      the texts: a realistic spread of lengths built from data/
 loadgen.py     the closed-loop asynchronous load generator and latency percentiles
-http_client.py the closed loop's keep-alive HTTP/1.1 client (httptools)
+http_client.py both loops' keep-alive HTTP/1.1 client (httptools; the open loop's through a pool)
 scrape.py      the handler's and TorchServe's counters read from /metrics around each cell
 backends.py    PyTorch, ONNX fp32 and ONNX int8: one model folder per backend, exported once
 ceilings.py    in-process ceilings: the plain model loop and the handler without a server
