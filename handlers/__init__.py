@@ -7,6 +7,7 @@ Module map (one job each), in the order a batch flows through them:
   protocols.py        the request formats: /predictions text or {"text"}, KServe v1, KServe v2 -> instances
   validation.py       text checks that need no tokenizer, torch-free
   tokenization.py     valid texts -> token ids, with the token cap; padding into arrays
+  ascii_normalization.py  BERT's normalization of an ASCII text in Python, ahead of a tokenizer copy without it
   batching.py         length-aware micro-batch planning, torch-free
   fault_isolation.py  bisection of a failing forward pass down to the items that fail alone
   fault_injection.py  a forward pass that fails on demand (the test-only fault_marker options), chosen at load

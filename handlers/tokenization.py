@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from handlers.ascii_normalization import AsciiShortcut, ascii_shortcut
 from handlers.batching import padded_width
 
 # Models whose position ids start after the padding index, so two positions are unusable.
@@ -45,12 +46,14 @@ class TextEncoder:
     `fast`: a copy of the tokenizer's own Rust tokenizer (`tokenizers.Tokenizer`) set to truncate at the cap
     and never pad, or None where the tokenizer has none (a Python tokenizer). `features`: the ids the model
     takes besides the mask: input_ids, and token_type_ids where the tokenizer's model_input_names has them.
+    `ascii`: for a BERT normalizer, the ASCII texts' shortcut past it (handlers/ascii_normalization.py).
     """
 
     tokenizer: Any
     max_length: int
     fast: Any = None
     features: tuple[str, ...] = ("input_ids",)
+    ascii: AsciiShortcut | None = None
 
 
 def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
@@ -68,7 +71,7 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     fast = Tokenizer.from_str(backend.to_str())
     fast.no_padding()
     fast.enable_truncation(max_length)
-    return TextEncoder(tokenizer, max_length, fast, features)
+    return TextEncoder(tokenizer, max_length, fast, features, ascii_shortcut(fast, max_length))
 
 
 def size_tokenizer_pool(threads: int) -> None:
@@ -89,16 +92,34 @@ def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
 
     With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`: nothing here
     uses them, and they cost about a fifth of the call), a text cut at the cap being one that left tokens
-    over. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
-    test_tokenization.py), at about 1.5 times its speed, which matters on a GPU where tokenizing a
-    batch costs about as long as its forward pass (docs/benchmarks.md, "GPU").
+    over. For a BERT tokenizer, the ASCII texts are normalized here and go through a copy without its
+    normalizer, in a call of their own (handlers/ascii_normalization.py); the others through the whole
+    tokenizer. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
+    test_tokenization.py), at 1.7 to 2.1 times its speed, which matters on a GPU where tokenizing a
+    batch costs about as long as its forward pass (docs/benchmarks.md, "Tokenization").
     """
     if not texts:
         return []
     if encoder.fast is None:
         return _encode_through_the_tokenizer(encoder.tokenizer, texts, encoder.max_length)
-    encoded = encoder.fast.encode_batch_fast(list(texts))
-    if encoder.features == ("input_ids", "token_type_ids"):
+    if encoder.ascii is None:
+        return _encodings(encoder.fast.encode_batch_fast(list(texts)), encoder.features)
+    normalized = [encoder.ascii.normalize(text) for text in texts]
+    short = [i for i, text in enumerate(normalized) if text is not None]
+    whole = [i for i, text in enumerate(normalized) if text is None]
+    by_index: dict[int, Encoding] = {}
+    if short:
+        encoded = encoder.ascii.tokenizer.encode_batch_fast([normalized[i] for i in short])
+        by_index.update(zip(short, _encodings(encoded, encoder.features)))
+    if whole:
+        encoded = encoder.fast.encode_batch_fast([texts[i] for i in whole])
+        by_index.update(zip(whole, _encodings(encoded, encoder.features)))
+    return [by_index[i] for i in range(len(texts))]
+
+
+def _encodings(encoded: Sequence[Any], features: tuple[str, ...]) -> list[Encoding]:
+    """The Rust tokenizer's encodings as the pipeline's: the ids the model takes, and whether tokens were left over."""
+    if features == ("input_ids", "token_type_ids"):
         return [Encoding({"input_ids": e.ids, "token_type_ids": e.type_ids}, bool(e.overflowing)) for e in encoded]
     return [Encoding({"input_ids": e.ids}, bool(e.overflowing)) for e in encoded]
 

@@ -1,6 +1,7 @@
 """The handler's tokenization (handlers/tokenization.encode) through real tokenizers: the Rust tokenizer's
 batch call gives the ids, token types and truncation flags the Hugging Face wrapper's call gives, for BERT,
-DistilBERT and RoBERTa, at any cap, whatever the text."""
+DistilBERT and RoBERTa, at any cap, whatever the text; ASCII texts normalized in Python
+(handlers/ascii_normalization.py) are normalized as the library's BertNormalizer does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from handlers.ascii_normalization import AsciiShortcut
 from handlers.tokenization import TextEncoder, encode, text_encoder
 from tooling.checkpoints import build_random_family_classifier
 
@@ -72,16 +74,56 @@ def test_any_text_is_tokenized_as_the_wrapper_does(tokenizer, texts, cap):
     assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
+# ASCII with every control character, the added tokens' contents in either case, and a non-ASCII letter, so
+# that one batch mixes both ways through the tokenizer.
+ASCII_PIECES = st.one_of(
+    st.text(st.characters(max_codepoint=0x7F), max_size=30),
+    st.sampled_from(["[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]", "[cls]", "[Sep]", "<s>", "</s>", "<pad>", "é"]),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.lists(ASCII_PIECES, min_size=1, max_size=4).map(" ".join), min_size=1, max_size=6),
+    cap=st.sampled_from(CAPS),
+)
+def test_any_ascii_text_is_tokenized_as_the_wrapper_does(tokenizer, texts, cap):
+    assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
+
+
+def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer):
+    shortcut = text_encoder(tokenizer, 16).ascii
+    normalizer = (
+        type(tokenizer.backend_tokenizer.normalizer).__name__ if tokenizer.backend_tokenizer.normalizer else None
+    )
+    assert (shortcut is not None) == (normalizer == "BertNormalizer"), normalizer
+    if shortcut is not None:
+        assert shortcut.tokenizer.normalizer is None
+        assert shortcut.normalize("A\tB\x0bC") == "a bc" and shortcut.normalize("Café") is None
+        assert shortcut.normalize("say [CLS]") is None  # an added token: the whole tokenizer matches it
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(st.characters(max_codepoint=0x7F)), clean_text=st.booleans(), lowercase=st.booleans())
+def test_the_ascii_normalization_is_the_librarys(text, clean_text, lowercase):
+    from tokenizers.normalizers import BertNormalizer
+
+    library = BertNormalizer(clean_text=clean_text, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+    assert AsciiShortcut(None, clean_text, lowercase, ()).normalize(text) == library.normalize_str(text)
+
+
 def test_no_text_is_no_encoding(tokenizer):
     assert encode(text_encoder(tokenizer, 16), []) == []
 
 
-def test_the_benchmark_times_both_ways_at_each_batch_size(tiny_checkpoint):
+def test_the_benchmark_times_the_three_ways_at_each_batch_size(tiny_checkpoint):
     from tooling.bench.ceilings import tokenization_speed
     from tooling.bench.corpus import build_corpus
 
     rows = tokenization_speed(tiny_checkpoint, build_corpus(32), [1, 8], rounds=1)
     assert [row["batch_size"] for row in rows] == [1, 8]
     for row in rows:  # timings only: which way is faster is the benchmark's to print, not a test's to require
-        assert row["rust_batch_call_us_per_text"] > 0 and row["wrapper_two_passes_us_per_text"] > 0
-        assert row["speed_up"] == row["wrapper_two_passes_us_per_text"] / row["rust_batch_call_us_per_text"]
+        handler, whole = row["handler_us_per_text"], row["rust_whole_tokenizer_us_per_text"]
+        assert handler > 0 and whole > 0 and row["wrapper_two_passes_us_per_text"] > 0
+        assert row["speed_up_over_whole_tokenizer"] == whole / handler
+        assert row["speed_up_over_wrapper"] == row["wrapper_two_passes_us_per_text"] / handler

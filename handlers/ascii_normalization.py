@@ -1,0 +1,68 @@
+"""BERT's text normalization of an ASCII text, done in Python ahead of a copy of the Rust tokenizer without it.
+
+Why: the Rust tokenizer's `BertNormalizer` keeps a character-by-character alignment to the original
+text, and for the reviews this service reads it is about a third of the whole batch call (one thread,
+the benchmark's corpus: 57 µs a text through the whole tokenizer, 39 with the text normalized here and
+the normalizer left out; docs/benchmarks.md, "Tokenization"). Nothing here uses that alignment. On a
+GPU, tokenizing a batch costs about as much as its forward pass, so that third is worth taking.
+
+Only where the answer is certain to be the same: on an ASCII text, BertNormalizer drops the control
+characters, turns tab, line feed and carriage return into spaces, and lowercases where configured;
+accents (NFD) and Chinese characters do not arise. Any other text goes through the whole tokenizer,
+as does a text in which an added token ([CLS], [SEP] ...) could be matched: the tokenizer matches those
+on the original text or on the normalized one, depending on the token, and the copy without the
+normalizer sees only the normalized one. tests/inprocess/test_tokenization.py holds the normalization
+to the library's own over any ASCII text, and the ids to the Hugging Face wrapper's over any text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# clean_text on ASCII: what Rust's char::is_control calls "other" (C0 controls and DEL) is dropped, except tab,
+# line feed and carriage return, which become spaces (vertical tab and form feed are controls, so dropped).
+_CONTROLS = [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]
+CLEAN_TEXT_TABLE: Mapping[int, int | None] = {
+    **dict.fromkeys(_CONTROLS),
+    **dict.fromkeys(map(ord, "\t\n\r"), ord(" ")),
+}
+
+
+@dataclass(frozen=True)
+class AsciiShortcut:
+    """A copy of a BERT tokenizer without its normalizer, and the normalization it skips, for ASCII texts."""
+
+    tokenizer: Any  # tokenizers.Tokenizer: the checkpoint's, normalizer removed, truncating at the cap, no padding
+    clean_text: bool
+    lowercase: bool
+    added_tokens: tuple[str, ...]  # the contents of the tokenizer's added tokens
+
+    def normalize(self, text: str) -> str | None:
+        """The text as the checkpoint's BertNormalizer leaves it; None where it must go through the whole tokenizer."""
+        if not text.isascii():
+            return None
+        normalized = text.translate(CLEAN_TEXT_TABLE) if self.clean_text else text
+        if self.lowercase:
+            normalized = normalized.lower()
+        if any(token in text or token in normalized for token in self.added_tokens):
+            return None
+        return normalized
+
+
+def ascii_shortcut(fast: Any, max_length: int) -> AsciiShortcut | None:
+    """The shortcut for a Rust tokenizer whose normalizer is BERT's; None for any other (RoBERTa has none)."""
+    from tokenizers import Tokenizer
+
+    config = json.loads(fast.to_str())
+    normalizer = config.get("normalizer") or {}
+    if normalizer.get("type") != "BertNormalizer":
+        return None
+    config["normalizer"] = None
+    plain = Tokenizer.from_str(json.dumps(config))
+    plain.no_padding()
+    plain.enable_truncation(max_length)
+    added = tuple(token["content"] for token in config.get("added_tokens", ()) if token.get("content"))
+    return AsciiShortcut(plain, normalizer.get("clean_text", True), normalizer.get("lowercase", True), added)
