@@ -1,10 +1,10 @@
 """BERT's text normalization of an ASCII text, done in Python ahead of a copy of the Rust tokenizer without it.
 
 Why: the Rust tokenizer's `BertNormalizer` keeps a character-by-character alignment to the original
-text, and for the reviews this service reads it is about a third of the whole batch call (one thread,
-the benchmark's corpus: 57 µs a text through the whole tokenizer, 39 with the text normalized here and
-the normalizer left out; docs/benchmarks.md, "Tokenization"). Nothing here uses that alignment. On a
-GPU, tokenizing a batch costs about as much as its forward pass, so that third is worth taking.
+text, which nothing here uses, and for the reviews this service reads it costs about a quarter of the
+whole batch call (one thread, batches of 128 of the benchmark's corpus: 58 µs a text through the whole
+tokenizer, 44 with the text normalized here and the normalizer left out; docs/benchmarks.md,
+"Tokenization"). On a GPU, tokenizing a batch costs about as much as its forward pass.
 
 Only where the answer is certain to be the same: on an ASCII text, BertNormalizer drops the control
 characters, turns tab, line feed and carriage return into spaces, and lowercases where configured;
