@@ -17,7 +17,6 @@ to the library's own over any ASCII text, and the ids to the Hugging Face wrappe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,14 +54,14 @@ class AsciiShortcut:
 def ascii_shortcut(fast: Any, max_length: int) -> AsciiShortcut | None:
     """The shortcut for a Rust tokenizer whose normalizer is BERT's; None for any other (RoBERTa has none)."""
     from tokenizers import Tokenizer
+    from tokenizers.normalizers import BertNormalizer
 
-    config = json.loads(fast.to_str())
-    normalizer = config.get("normalizer") or {}
-    if normalizer.get("type") != "BertNormalizer":
+    normalizer = fast.normalizer
+    if not isinstance(normalizer, BertNormalizer):
         return None
-    config["normalizer"] = None
-    plain = Tokenizer.from_str(json.dumps(config))
+    plain = Tokenizer.from_str(fast.to_str())
+    plain.normalizer = None
     plain.no_padding()
     plain.enable_truncation(max_length)
-    added = tuple(token["content"] for token in config.get("added_tokens", ()) if token.get("content"))
-    return AsciiShortcut(plain, normalizer.get("clean_text", True), normalizer.get("lowercase", True), added)
+    added = tuple(token.content for token in fast.get_added_tokens_decoder().values() if token.content)
+    return AsciiShortcut(plain, normalizer.clean_text, normalizer.lowercase, added)

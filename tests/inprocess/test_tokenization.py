@@ -43,6 +43,13 @@ def tokenizer(checkpoint):
     return AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
 
 
+@pytest.fixture(scope="module")
+def encoders(checkpoint):
+    """The handler's encoder at each cap, built once (from a tokenizer as loaded): the fuzz tests' examples
+    share them, as a worker's batches do."""
+    return {cap: text_encoder(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True), cap) for cap in CAPS}
+
+
 def through_the_wrapper(tokenizer, texts, cap):
     """The Hugging Face wrapper's own call (the path for tokenizers without a Rust one)."""
     return encode(TextEncoder(tokenizer, cap), texts)
@@ -70,8 +77,8 @@ def test_ids_types_and_truncation_flags_are_the_wrappers(tokenizer, cap):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(st.text(min_size=0, max_size=80), min_size=1, max_size=6), cap=st.sampled_from(CAPS))
-def test_any_text_is_tokenized_as_the_wrapper_does(tokenizer, texts, cap):
-    assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
+def test_any_text_is_tokenized_as_the_wrapper_does(tokenizer, encoders, texts, cap):
+    assert encode(encoders[cap], texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
 # ASCII with every control character, the added tokens' contents in either case, and a non-ASCII letter, so
@@ -87,8 +94,8 @@ ASCII_PIECES = st.one_of(
     texts=st.lists(st.lists(ASCII_PIECES, min_size=1, max_size=4).map(" ".join), min_size=1, max_size=6),
     cap=st.sampled_from(CAPS),
 )
-def test_any_ascii_text_is_tokenized_as_the_wrapper_does(tokenizer, texts, cap):
-    assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
+def test_any_ascii_text_is_tokenized_as_the_wrapper_does(tokenizer, encoders, texts, cap):
+    assert encode(encoders[cap], texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
 def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer):
