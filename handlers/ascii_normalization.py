@@ -29,6 +29,10 @@ CLEAN_TEXT_TABLE: Mapping[int, int | None] = {
     **dict.fromkeys(map(ord, "\t\n\r"), ord(" ")),
 }
 
+# Every text is searched for every added token (BERT has five); a tokenizer with more than this many takes the
+# whole tokenizer for every text rather than spend on the search what the shortcut saves.
+MAX_ADDED_TOKENS = 32
+
 
 @dataclass(frozen=True)
 class AsciiShortcut:
@@ -37,7 +41,7 @@ class AsciiShortcut:
     tokenizer: Any  # tokenizers.Tokenizer: the checkpoint's, normalizer removed, truncating at the cap, no padding
     clean_text: bool
     lowercase: bool
-    added_tokens: tuple[str, ...]  # the contents of the tokenizer's added tokens
+    added_tokens: tuple[str, ...]  # the tokenizer's added tokens, each as written and as normalized
 
     def normalize(self, text: str) -> str | None:
         """The text as the checkpoint's BertNormalizer leaves it; None where it must go through the whole tokenizer."""
@@ -57,11 +61,16 @@ def ascii_shortcut(fast: Any, max_length: int) -> AsciiShortcut | None:
     from tokenizers.normalizers import BertNormalizer
 
     normalizer = fast.normalizer
-    if not isinstance(normalizer, BertNormalizer):
+    added = fast.get_added_tokens_decoder().values()
+    if not isinstance(normalizer, BertNormalizer) or len(added) > MAX_ADDED_TOKENS:
         return None
     plain = Tokenizer.from_str(fast.to_str())
     plain.normalizer = None
     plain.no_padding()
     plain.enable_truncation(max_length)
-    added = tuple(token.content for token in fast.get_added_tokens_decoder().values() if token.content)
-    return AsciiShortcut(plain, normalizer.clean_text, normalizer.lowercase, added)
+    # Each added token as written and as normalized: the tokenizer matches a token on the original text by its
+    # content, or (a token added with normalized=True, as add_tokens does) on the normalized text by its content
+    # normalized ("covid" for "COVID"). A text holding either form anywhere takes the whole tokenizer.
+    contents = [token.content for token in added if token.content]
+    forms = dict.fromkeys([*contents, *(normalizer.normalize_str(content) for content in contents)])
+    return AsciiShortcut(plain, normalizer.clean_text, normalizer.lowercase, tuple(form for form in forms if form))

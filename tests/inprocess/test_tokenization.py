@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from handlers.ascii_normalization import AsciiShortcut
+from handlers.ascii_normalization import MAX_ADDED_TOKENS, AsciiShortcut
 from handlers.tokenization import TextEncoder, encode, text_encoder
 from tooling.checkpoints import build_random_family_classifier
 
@@ -108,6 +108,23 @@ def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer)
         assert shortcut.tokenizer.normalizer is None
         assert shortcut.normalize("A\tB\x0bC") == "a bc" and shortcut.normalize("Café") is None
         assert shortcut.normalize("say [CLS]") is None  # an added token: the whole tokenizer matches it
+
+
+def test_tokens_added_to_a_bert_tokenizer_are_matched_as_the_wrapper_matches_them(tiny_checkpoint):
+    # Added with add_tokens, a token is matched on the normalized text against its normalized content ("covid"
+    # for "COVID"); with special=True, on the original text as it is ("[ALERT]", never "[alert]").
+    from tokenizers import AddedToken
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    tokenizer.add_tokens(["COVID", "e-mail", AddedToken("[ALERT]", special=True, normalized=False)])
+    texts = ["covid again", "COVID again", "Covid-19 by E-Mail", "an email", "[ALERT] [alert] alert", "plain text"]
+    for cap in (5, 16):
+        assert encode(text_encoder(tokenizer, cap), texts) == through_the_wrapper(tokenizer, texts, cap)
+    assert text_encoder(tokenizer, 16).ascii is not None
+    # Past MAX_ADDED_TOKENS the search for them would cost what the shortcut saves: every text takes the whole way.
+    tokenizer.add_tokens([f"term{i}" for i in range(MAX_ADDED_TOKENS)])
+    assert text_encoder(tokenizer, 16).ascii is None
+    assert encode(text_encoder(tokenizer, 16), texts) == through_the_wrapper(tokenizer, texts, 16)
 
 
 @settings(max_examples=300, deadline=None)
