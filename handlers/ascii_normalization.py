@@ -56,8 +56,9 @@ class AsciiShortcut:
         return normalized
 
 
-def ascii_shortcut(fast: Any, max_length: int) -> AsciiShortcut | None:
-    """The shortcut for a Rust tokenizer whose normalizer is BERT's; None for any other (RoBERTa has none)."""
+def ascii_shortcut(fast: Any) -> AsciiShortcut | None:
+    """The shortcut for a Rust tokenizer whose normalizer is BERT's; None for any other (RoBERTa has none).
+    The copy keeps `fast`'s truncation and padding (handlers/tokenization.text_encoder sets them)."""
     from tokenizers import Tokenizer
     from tokenizers.normalizers import BertNormalizer, Sequence
 
@@ -69,8 +70,6 @@ def ascii_shortcut(fast: Any, max_length: int) -> AsciiShortcut | None:
     # A normalizer that does nothing rather than None, which only some versions of tokenizers accept; the same
     # speed (measured), and the added tokens are then matched on the text as given, normalized or not.
     plain.normalizer = Sequence([])
-    plain.no_padding()
-    plain.enable_truncation(max_length)
     # Each added token as written and as normalized: the tokenizer matches a token on the original text by its
     # content, or (a token added with normalized=True, as add_tokens does) on the normalized text by its content
     # normalized ("covid" for "COVID"). A text holding either form anywhere takes the whole tokenizer. One pattern

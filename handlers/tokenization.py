@@ -71,7 +71,7 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     fast = Tokenizer.from_str(backend.to_str())
     fast.no_padding()
     fast.enable_truncation(max_length)
-    return TextEncoder(tokenizer, max_length, fast, features, ascii_shortcut(fast, max_length))
+    return TextEncoder(tokenizer, max_length, fast, features, ascii_shortcut(fast))
 
 
 def size_tokenizer_pool(threads: int) -> None:
