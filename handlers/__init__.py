@@ -8,6 +8,7 @@ Module map (one job each), in the order a batch flows through them:
   validation.py       text checks that need no tokenizer, torch-free
   tokenization.py     valid texts -> token ids, with the token cap; padding into arrays
   ascii_normalization.py  BERT's normalization of an ASCII text in Python, ahead of a tokenizer copy without it
+  frame_reader.py     TorchServe's worker reads each batch off its socket through a buffer, not a recv() per field
   batching.py         length-aware micro-batch planning, torch-free
   fault_isolation.py  bisection of a failing forward pass down to the items that fail alone
   fault_injection.py  a forward pass that fails on demand (the test-only fault_marker options), chosen at load

@@ -18,6 +18,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
 from handlers.fault_isolation import is_out_of_memory
+from handlers.frame_reader import install_buffered_frame_reader
 from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
@@ -65,8 +66,9 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.metrics = HandlerMetrics(getattr(context, "metrics", None), self.model_name)
         self.served = served
         self.initialized = True
+        frames = "buffered" if install_buffered_frame_reader() else "TorchServe's own"
         logger.info(
-            "loaded %s (%s): %s; labels=%s max_length=%d max_batch_tokens=%d max_instances=%d",
+            "loaded %s (%s): %s; labels=%s max_length=%d max_batch_tokens=%d max_instances=%d; frame reader: %s",
             served.model_type,
             served.backend,
             served.description,
@@ -74,6 +76,7 @@ class BertSequenceClassifierHandler(BaseHandler):
             served.max_length,
             served.options.max_batch_tokens,
             served.options.max_instances,
+            frames,
         )
 
     def handle(self, data: list, context) -> list:

@@ -7,6 +7,7 @@
     python -m scripts.benchmark --quick              # about a minute, checks the pipeline end to end
     python -m scripts.benchmark --worst-batch        # one full batch at the token cap per backend, and exit
     python -m scripts.benchmark --tokenization       # the handler's tokenization against the wrapper's call
+    python -m scripts.benchmark --frame-reading      # a worker reading its batches: TorchServe's reader, buffered
     python -m scripts.benchmark --sweep-max-batch-tokens 1000000000,512,256,128 --backends onnx-fp32
     python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \
         --concurrency 1,256,1024 --duration 10 --out docs/bench-gpu   # on a GPU (docs/benchmarks.md)
@@ -46,6 +47,7 @@ from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
 from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, tokenization_speed, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
+from tooling.bench.frames import reading_speed
 from tooling.bench.plot import plot
 from tooling.bench.report import machine, markdown
 from tooling.bench.served import Layout, batching_settings, gpu_layouts, parse_layouts, served_cells
@@ -119,6 +121,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch-size, on the corpus, and exit",
     )
     parser.add_argument(
+        "--frame-reading",
+        action="store_true",
+        help="only time a worker reading batches of --batch-size requests off its socket, TorchServe's reader "
+        "against handlers/frame_reader.py, at 4, 8 and 16 headers a request, and exit",
+    )
+    parser.add_argument(
         "--sweep-max-batch-tokens",
         type=int_list,
         help="only measure the in-process handler ceiling at each of these budgets, per backend, and exit",
@@ -171,6 +179,15 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
     def progress(message: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
+    if args.frame_reading:  # TorchServe's worker protocol alone: no model, no device
+        print("| headers a request | batch | frame KiB | TorchServe's reader, µs/request | buffered, µs/request "
+              "| speed-up |")  # fmt: skip
+        print("|---:|---:|---:|---:|---:|---:|")
+        for row in reading_speed([4, 8, 16], args.batch_size):
+            print(f"| {row['headers']} | {row['batch_size']} | {row['frame_bytes'] / 1024:.0f} | "
+                  f"{row['torchserve_us_per_request']:.1f} | {row['buffered_us_per_request']:.1f} | "
+                  f"{row['speed_up']:.2f}x |", flush=True)  # fmt: skip
+        return 0
     try:
         device = resolve_device(args.device, cuda_available())
     except ValueError as error:

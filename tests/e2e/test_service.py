@@ -90,6 +90,37 @@ def test_concurrent_mixed_requests_each_get_their_own_answer(
     assert after["rejected"] - before["rejected"] == len(REJECTED_BODIES)
 
 
+def test_batches_reach_the_worker_through_the_buffered_frame_reader_whole(
+    torchserve, tiny_model, loaded_handler, unpacked_model_dir
+):
+    """handlers/frame_reader.py in a real worker (it logs which reader it runs). Batches whose frames span
+    several of its reads (each request 24 headers of 200 bytes and a body of 8 KB: a batch of 8 is about
+    100 KB, its reads 64 KiB) come through whole: each answer is its own text's, and the deadline header,
+    read by the handler, arrives as sent."""
+    assert "frame reader: buffered" in torchserve.log_text()
+    filler = " and then some more words about the stay" * 200  # past max_length: truncated, the same alone
+    candidates = (f"guest {i}: " + "lovely " * (i % 5) + "breakfast" + filler for i in itertools.count())
+    texts, alone = distinguishable_texts(loaded_handler, unpacked_model_dir, candidates, 16, 3 * TOLERANCE)
+    padding = {f"X-Padding-{i:02d}": f"{i:02d}" * 100 for i in range(24)}
+    url = f"{torchserve.inference_url}/predictions/{tiny_model}"
+
+    def post(item: tuple[int, str]) -> requests.Response:
+        index, text = item
+        # Every fourth request's deadline has passed: refused unread, which only an intact header explains.
+        deadline = int(time.time() * 1000) + (-60_000 if index % 4 == 3 else 600_000)
+        headers = {**padding, **torchserve.auth("inference"), "Content-Type": TEXT, "X-Request-Deadline": str(deadline)}
+        return requests.post(url, data=text.encode(), headers=headers, timeout=60)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        responses = list(pool.map(post, enumerate(texts)))
+    for index, response in enumerate(responses):
+        if index % 4 == 3:
+            assert (response.status_code, response.json()["type"]) == (503, "DeadlineExceeded"), response.text
+        else:
+            assert response.status_code == 200, response.text
+            assert_same_answer(response.json(), alone[index])
+
+
 def test_each_error_code_over_http(torchserve, tiny_model):
     with ThreadPoolExecutor(max_workers=8) as pool:
         responses = list(pool.map(lambda case: torchserve.predict(tiny_model, case[0], case[1]), REJECTED_BODIES))
