@@ -8,6 +8,7 @@ with handlers/frame_reader.py; `reading_speed` times the two over a real socket.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import statistics
 import struct
@@ -78,8 +79,6 @@ def reading_speed(header_counts: Sequence[int], batch_size: int, rounds: int = 7
     """Microseconds per request for a worker to read batches of `batch_size` requests off a real socket, with
     TorchServe's reader and with the buffered one, alternated round by round; the median round. Each batch's
     frame is in the socket whole before the worker reads it, as when the frontend has written a batch."""
-    import os
-
     os.environ.setdefault("TS_DECODE_INPUT_REQUEST", "false")  # as the handler sets it in the worker
     rows = []
     for headers in header_counts:
@@ -97,9 +96,13 @@ def reading_speed(header_counts: Sequence[int], batch_size: int, rounds: int = 7
 
 def _time_reading(reader: ModuleType, frame: bytes, batches: int) -> float:
     worker_end, frontend_end = socket.socketpair()
-    frontend_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * len(frame))  # a whole frame fits
     seconds = 0.0
     try:
+        frontend_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * len(frame))
+        if frontend_end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < 2 * len(frame):
+            # One thread writes, then reads: a frame the socket cannot hold whole would never be sent.
+            raise ValueError(f"a frame of {len(frame)} bytes does not fit this system's socket buffer: "
+                             "a smaller batch")  # fmt: skip
         for _ in range(batches):
             frontend_end.sendall(frame)  # the whole batch waits in the socket, as the frontend writes it
             started = time.perf_counter()
