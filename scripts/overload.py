@@ -36,9 +36,10 @@ import requests
 from tooling.bench.corpus import build_corpus
 from tooling.bench.loadgen import closed_loop, readings_until_stable
 from tooling.bench.openloop import open_loop
-from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, server_cpu_cores, setups
+from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, setups
 from tooling.bench.overload_report import evaluate, plot, table, targets_table
 from tooling.bench.report import machine
+from tooling.bench.server_cpu import server_cpu_cores
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REPO
 

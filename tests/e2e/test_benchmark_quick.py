@@ -133,6 +133,16 @@ def test_where_the_time_goes_is_read_from_the_servers_counters(report):
         assert cell["p99_ms"] >= cell["worker_ms"] * 0.5
 
 
+def test_each_cell_records_the_cores_its_frontend_and_its_workers_used(report):
+    """The split by the workers' pids (tooling/bench/server_cpu.py; tests/unit/test_server_cpu.py holds it to
+    known loads): in a served cell both parts used CPU, the workers at least a quarter of the seconds their
+    forward passes took (a CPU pass computes all the while; the quarter allows for this shared machine)."""
+    for cell in report["served"]:
+        assert cell["frontend_cpu_cores"] > 0 and cell["workers_cpu_cores"] > 0, cell
+        forward_s = cell["forward_ms_per_batch"] * cell["handler_items"] / cell["mean_batch_size"] / 1000
+        assert cell["workers_cpu_cores"] * cell["seconds"] >= 0.25 * forward_s, cell
+
+
 def test_ceilings_cover_every_backend_and_length_aware_planning_cuts_padding(report):
     for backend in BACKENDS:
         rows = [c for c in report["ceilings"] if c["backend"] == backend]

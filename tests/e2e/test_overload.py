@@ -18,7 +18,7 @@ from handlers.deadline import DEADLINE_HEADER
 from tests.answers import TOLERANCE, assert_same_answer, candidate_texts, distinguishable_texts
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.openloop import open_loop
-from tooling.bench.overload import server_cpu_cores
+from tooling.bench.server_cpu import server_cpu_cores
 from tooling.prometheus import metric_value
 
 pytestmark = [pytest.mark.e2e]

@@ -16,14 +16,14 @@ queues, batches and refuses), and the load generator, each in cores.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from handlers.handler_metrics import ITEMS, REJECTED
 from tooling.bench.openloop import ARRIVALS, open_loop
 from tooling.bench.scrape import HANDLER_MODEL_LABEL
+from tooling.bench.server_cpu import server_cpu_cores
 from tooling.prometheus import metric_value
 
 # The queue config.properties held before the latency budget: the "today" setup.
@@ -48,36 +48,6 @@ def handler_counts(server, model: str) -> tuple[float, float]:
     text = server.metrics_text()
     return (metric_value(text, ITEMS, **{HANDLER_MODEL_LABEL: model}),
             metric_value(text, REJECTED, **{HANDLER_MODEL_LABEL: model}))  # fmt: skip
-
-
-def server_cpu_seconds(server, model: str) -> tuple[float, float]:
-    """CPU seconds used so far by (the model's workers, the rest of the server's process tree: the frontend and
-    its launcher). Why: on a machine the load generator shares, goodput under overload is bounded by the cores
-    the workers still get, and this is what shows it."""
-    import psutil
-
-    workers = {w["pid"] for w in server.describe(model)[0]["workers"]}
-    root = psutil.Process(server.process.pid)
-    worker_s = frontend_s = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            if process.pid in workers:
-                worker_s += times.user + times.system
-            else:
-                frontend_s += times.user + times.system
-    return worker_s, frontend_s
-
-
-@contextlib.contextmanager
-def server_cpu_cores(server, model: str) -> Iterator[dict[str, float]]:
-    """The cores (CPU seconds per second) the model's workers and the rest of the server used while the block
-    ran: {"workers", "frontend", "seconds"}, filled in when it ends (server_cpu_seconds says why)."""
-    cores: dict[str, float] = {}
-    before, started = server_cpu_seconds(server, model), time.monotonic()
-    yield cores
-    after, elapsed = server_cpu_seconds(server, model), time.monotonic() - started
-    cores.update(workers=(after[0] - before[0]) / elapsed, frontend=(after[1] - before[1]) / elapsed, seconds=elapsed)
 
 
 def wait_drained(server, model: str, limit_s: float) -> None:

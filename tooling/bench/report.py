@@ -39,8 +39,9 @@ def served_table(cells: list[Mapping]) -> list[str]:
     lines = [
         "| backend | workers x threads | configuration | clients | req/s | p50 ms | p95 ms | p99 ms | errors "
         "| mean batch | frontend queue ms | worker ms | handler ms/batch | tokenization ms/batch | forward ms/batch "
-        "| padded/real | client CPU | answers wrong / checked (max abs diff) | GPU % | GPU MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| padded/real | server CPU cores: frontend / workers | client CPU | answers wrong / checked (max abs diff) "
+        "| GPU % | GPU MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         lines.append(
@@ -49,6 +50,7 @@ def served_table(cells: list[Mapping]) -> list[str]:
             f"{_f(c['mean_batch_size'], 2)} | "
             f"{_f(c['frontend_queue_ms'])} | {_f(c['worker_ms'])} | {_f(c['handler_ms_per_batch'])} | "
             f"{_f(c['tokenization_ms_per_batch'])} | {_f(c['forward_ms_per_batch'])} | {_f(c['padding_waste'], 2)} | "
+            f"{_f(c.get('frontend_cpu_cores'), 2)} / {_f(c.get('workers_cpu_cores'), 2)} | "
             f"{100 * c['client_cpu_fraction']:.0f}% | {c.get('answers_wrong', '–')} / {c.get('answers_checked', '–')} "
             f"({c.get('answers_max_abs_diff', float('nan')):.1e}) | {_f(c.get('gpu_utilization_percent'), 0)} | "
             f"{_f(c.get('gpu_memory_used_mb'), 0)} |"

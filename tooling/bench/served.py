@@ -13,6 +13,7 @@ from tooling.bench.device import release
 from tooling.bench.gpu_sampler import GpuSampler
 from tooling.bench.loadgen import closed_loop
 from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
+from tooling.bench.server_cpu import server_cpu_cores
 
 # Load before the measured cells of each registration, as a share of a cell (at most 2 s):
 # the worker's first batches of each shape are slower (allocators, ONNX Runtime's first runs).
@@ -76,7 +77,8 @@ def describe_cell(cell: dict) -> str:
     return (
         f"{cell['backend']:<9} {cell['layout']:<5} {cell['config']:<24} c={cell['concurrency']:<3} "
         f"{cell['rps']:7.1f} req/s  p50 {cell['p50_ms']:7.1f} ms  p95 {cell['p95_ms']:7.1f} ms  "
-        f"batch {cell['mean_batch_size']:.2f}  errors {cell['errors']}  client CPU "
+        f"batch {cell['mean_batch_size']:.2f}  errors {cell['errors']}  server CPU: frontend "
+        f"{cell['frontend_cpu_cores']:.2f} + workers {cell['workers_cpu_cores']:.2f} cores  client CPU "
         f"{100 * cell['client_cpu_fraction']:.0f}% of a core  answers wrong {cell['answers_wrong']} of "
         f"{cell['answers_checked']} (max |dp| {cell['answers_max_abs_diff']:.1e})"
         + (
@@ -90,11 +92,12 @@ def describe_cell(cell: dict) -> str:
 def measure_cell(
     server, model: str, texts: Sequence[str], clients: int, duration: float, check: AnswerCheck | None = None
 ) -> dict:
-    """One cell of closed-loop load, with what /metrics counted during it and the GPU's use during it."""
+    """One cell of closed-loop load, with what /metrics counted during it, and the server's CPU (frontend and
+    workers, in cores) and the GPU's use during it."""
     url = f"{server.inference_url}/predictions/{model}"
     headers = {"Content-Type": "text/plain", **server.auth("inference")}
     before = read_counters(server.metrics_text(), model)
-    with GpuSampler() as gpu:
+    with GpuSampler() as gpu, server_cpu_cores(server, model) as cores:
         cell = closed_loop(url, headers, texts, clients, duration, check)
     time.sleep(METRICS_SETTLE_S)
     text = server.metrics_text()
@@ -105,7 +108,7 @@ def measure_cell(
     gpu_cell = {key: sampled[key] if sampled[key] is not None else reported[key] for key in reported}
     gpu_cell["gpu_figures_from"] = "nvml" if sampled["gpu_utilization_percent"] is not None else "torchserve"
     return {**cell, "handler_items": after["items"] - before["items"], **cell_figures(before, after),
-            **gpu_cell}  # fmt: skip
+            "frontend_cpu_cores": cores["frontend"], "workers_cpu_cores": cores["workers"], **gpu_cell}  # fmt: skip
 
 
 @dataclass(frozen=True)
