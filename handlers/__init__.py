@@ -14,6 +14,7 @@ Module map (one job each), in the order a batch flows through them:
   fault_injection.py  a forward pass that fails on demand (the test-only fault_marker options), chosen at load
   torch_forward.py    the forward pass in PyTorch (GPU, float16, any checkpoint)
   onnx_forward.py     the forward pass in ONNX Runtime (the fast CPU path)
+  scores.py           what a head's logits become: softmax, sigmoid or raw, as the checkpoint's config says
   responses.py        instance results -> each request's status and JSON body, in its format
   rejection.py        the catalogue: every error the service answers, and TorchServe's error body shape
   loading.py          the one loader: a model folder -> tokenizer, labels, limits and the forward pass, once

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from handlers.scores import SOFTMAX, apply
+
 # Widths (tokens) captured, up to the token cap: steps of about 1.5x keep the padding a bucket adds
 # under half of a pass while needing few graphs. Multiples of 8, for the tensor cores.
 WIDTH_LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -70,15 +72,15 @@ class _Graph:
     replay: Callable[[], None]
     host: dict[str, np.ndarray]  # pinned host arrays the pass is padded into
     copy_in: Callable[[], None]  # host -> the graph's static inputs on the GPU
-    probabilities: object  # the graph's static output: a (rows, labels) float32 tensor
+    probabilities: object  # the graph's static output: a (rows, labels) float32 tensor of scores
 
 
 class GraphedPasses:
     """Forward passes replayed from CUDA graphs, one per bucket, sharing one memory pool
     (one pass runs at a time, so the largest bucket's activations serve them all)."""
 
-    def __init__(self, model, device, buckets: Sequence[Bucket], input_names: Sequence[str], pad_token_id: int
-                 ) -> None:  # fmt: skip
+    def __init__(self, model, device, buckets: Sequence[Bucket], input_names: Sequence[str], pad_token_id: int,
+                 scores: str = SOFTMAX) -> None:  # fmt: skip
         import torch
 
         started = time.perf_counter()
@@ -89,7 +91,7 @@ class GraphedPasses:
         # Largest first: the pool grows to its activations once and the smaller graphs reuse that memory.
         for bucket in sorted(self.buckets, key=lambda b: b.rows * b.width, reverse=True):
             try:
-                self._graphs[bucket] = _capture(model, device, bucket, input_names, pad_token_id, pool)
+                self._graphs[bucket] = _capture(model, device, bucket, input_names, pad_token_id, pool, scores)
             except torch.cuda.OutOfMemoryError:
                 raise  # as itself: the worker's share of the GPU (cuda_memory_fraction) is too small for the bucket
             except Exception as exc:
@@ -100,7 +102,7 @@ class GraphedPasses:
         self.capture_s = time.perf_counter() - started
 
     def __call__(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
-        """Float32 probabilities for the collated pass, in order; None when no bucket holds it.
+        """Float32 scores (handlers/scores.py) for the collated pass, in order; None when no bucket holds it.
         `arrays` has the inputs the graphs were captured with (handlers/tokenization.collate's keys)."""
         rows, width = arrays["input_ids"].shape
         bucket = smallest_bucket(self.buckets, rows, width)
@@ -119,7 +121,8 @@ class GraphedPasses:
         return f"CUDA graphs: {shapes}, captured in {self.capture_s:.1f} s"
 
 
-def _capture(model, device, bucket: Bucket, input_names: Sequence[str], pad_token_id: int, pool) -> _Graph:
+def _capture(model, device, bucket: Bucket, input_names: Sequence[str], pad_token_id: int, pool, scores: str
+             ) -> _Graph:  # fmt: skip
     import torch
 
     shape = (bucket.rows, bucket.width)
@@ -135,7 +138,7 @@ def _capture(model, device, bucket: Bucket, input_names: Sequence[str], pad_toke
             static[name].copy_(tensor, non_blocking=True)
 
     def run():
-        return model(**static).logits.float().softmax(dim=-1)
+        return apply(model(**static).logits.float(), scores)
 
     copy_in()
     with torch.inference_mode():

@@ -18,9 +18,10 @@ import numpy as np
 from handlers.cpu_quota import usable_cpus
 from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
 from handlers.options import HandlerOptions
+from handlers.scores import SOFTMAX, score_function
 from handlers.tokenization import Encoding, TextEncoder, model_token_limit, size_tokenizer_pool, text_encoder
 
-Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 probabilities, one row per encoding
+Forward = Callable[[Sequence[Encoding]], np.ndarray]  # float32 scores (handlers/scores.py), one row per encoding
 
 
 class ModelLoadFailed(Exception):
@@ -40,6 +41,7 @@ class LoadedModel:
     encoder: TextEncoder  # texts -> token ids at max_length (handlers/tokenization.encode)
     forward: Forward
     labels: tuple[str, ...]
+    scores: str  # what the head's logits become: softmax, sigmoid or none (handlers/scores.py)
     options: HandlerOptions  # with every "auto" resolved for the device
     max_length: int  # token cap per text: the option, clipped to what the model can embed
     token_limit: int  # the longest sequence the model can embed
@@ -77,6 +79,7 @@ def load_model(
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     token_limit = model_token_limit(tokenizer, config)
     pad_token_id = tokenizer.pad_token_id or 0
+    scores = score_function(getattr(config, "problem_type", None), config.num_labels)
     encoder = text_encoder(tokenizer, min(options.max_length, token_limit))
     onnx_dir = Path(onnx_dir) if onnx_dir is not None else model_dir
     backend = backend_of(onnx_dir)
@@ -84,14 +87,16 @@ def load_model(
     if backend == "onnxruntime":
         # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
         options = options.for_device("cuda" if gpu_id is not None else "cpu", backend)
-        forward = load_onnx_forward(onnx_dir, options, gpu_id, pad_token_id, token_limit)
+        forward = load_onnx_forward(onnx_dir, options, gpu_id, pad_token_id, token_limit, scores)
     else:
         from handlers.torch_forward import load_torch_forward, select_device
 
         options = options.for_device(select_device(gpu_id).type, backend)
         # The inputs every pass is collated into (handlers/tokenization.collate): the encoder's, and the mask.
         input_names = (*encoder.features, "attention_mask")
-        forward = load_torch_forward(model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size)
+        forward = load_torch_forward(
+            model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size, scores
+        )
     # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
     graphs_ignored = options.cuda_graphs and getattr(forward, "graphs", None) is None
     if options.fault_marker:
@@ -99,6 +104,8 @@ def load_model(
 
         forward = FaultInjectingForward(forward, tokenizer, options)
     description = f"{forward.description}; tokenizer {tokenizer_threads} thread(s)"
+    if scores != SOFTMAX:
+        description += f"; scores: {scores} ({config.num_labels} label(s), problem_type {config.problem_type})"
     if graphs_ignored:
         description += "; cuda_graphs ignored: CUDA graphs need a PyTorch archive on a GPU"
     return LoadedModel(
@@ -106,6 +113,7 @@ def load_model(
         encoder=encoder,
         forward=forward,
         labels=tuple(label_names(config.id2label, config.num_labels)),
+        scores=scores,
         options=options,
         max_length=encoder.max_length,
         token_limit=token_limit,

@@ -1,10 +1,12 @@
 """The forward pass in ONNX Runtime: the fast CPU path for archives that hold a `model.onnx`.
 
-Its twin is handlers/torch_forward.py; both take encodings and return class probabilities,
-so validation, planning, fault isolation and metrics (handlers/pipeline.py) are the same
-whichever backend an archive holds. The graph is exported by tooling/onnx_export.py with
-the softmax inside it, so its one output is already float32 probabilities. No torch here:
-an ONNX worker does not need it for the forward pass.
+Its twin is handlers/torch_forward.py; both take encodings and return the head's scores (class
+probabilities for most checkpoints: handlers/scores.py), so validation, planning, fault isolation
+and metrics (handlers/pipeline.py) are the same whichever backend an archive holds. The graph is
+exported by tooling/onnx_export.py with the score function inside it, so its one output is already
+float32 scores; its metadata names the function, and a graph whose function is not the one the
+checkpoint's config asks for is refused at load. No torch here: an ONNX worker does not need it for
+the forward pass.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from handlers.options import HandlerOptions
+from handlers.scores import SOFTMAX
 from handlers.tokenization import Encoding, collate
 
 # The graph's file name in an ONNX checkpoint folder (and in an archive's model/).
@@ -30,7 +33,8 @@ CPU_PROVIDER = "CPUExecutionProvider"
 
 class OnnxBackendError(RuntimeError):
     """The archive's ONNX model cannot be served here (no CUDA provider on a GPU worker, a graph
-    that wants inputs the tokenizer does not give, or an output that is not one row per text)."""
+    that wants inputs the tokenizer does not give, an output that is not one row per text, or a score
+    function other than the checkpoint's)."""
 
 
 class OnnxForward:
@@ -48,7 +52,7 @@ class OnnxForward:
         self._output = session.get_outputs()[0].name
 
     def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
-        """Float32 class probabilities, one row per encoding, in order."""
+        """Float32 scores (handlers/scores.py), one row per encoding, in order."""
         arrays = collate(encodings, self._pad_token_id, self._options.pad_to_multiple_of, self._token_limit)
         missing = self._inputs - arrays.keys()
         if missing:
@@ -124,10 +128,20 @@ def describe(session, device_type: str, settings, options: HandlerOptions, recor
     return line
 
 
+def graph_score_function(record: dict) -> str | None:
+    """The score function baked into a graph this project exported (tooling/onnx_export.py); None for one exported
+    elsewhere. Exports made before the record named it all baked a softmax."""
+    if not record:
+        return None
+    return str(record.get("scores", SOFTMAX))
+
+
 def load_onnx_forward(
-    model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int
-) -> OnnxForward:
-    """The session for `<model_dir>/model.onnx`, created once; raises OnnxBackendError where it cannot run."""
+    model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int,
+    scores: str = SOFTMAX,
+) -> OnnxForward:  # fmt: skip
+    """The session for `<model_dir>/model.onnx`, created once; raises OnnxBackendError where it cannot run.
+    `scores`: the function the checkpoint's config asks for (handlers/scores.py), which the graph must have baked."""
     import onnxruntime as ort
 
     device_type, providers = providers_for(gpu_id, ort.get_available_providers())
@@ -135,5 +149,13 @@ def load_onnx_forward(
     session = ort.InferenceSession(str(Path(model_dir) / ONNX_FILE), settings, providers=providers)
     if device_type == "cuda" and session.get_providers()[0] != CUDA_PROVIDER:
         raise OnnxBackendError(f"ONNX Runtime did not start {CUDA_PROVIDER} on GPU {gpu_id}: {session.get_providers()}")
-    description = describe(session, device_type, settings, options, export_record(session))
+    record = export_record(session)
+    baked = graph_score_function(record)
+    if baked is not None and baked != scores:
+        raise OnnxBackendError(
+            f"the ONNX graph returns {baked} scores but the checkpoint's config asks for {scores} "
+            "(handlers/scores.py: problem_type and num_labels decide); export it again with this version "
+            "(scripts/archive_model.py --backend onnx) or archive it with --backend pytorch"
+        )
+    description = describe(session, device_type, settings, options, record)
     return OnnxForward(session, device_type, options, pad_token_id, token_limit, description)

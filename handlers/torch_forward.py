@@ -1,8 +1,8 @@
 """The forward pass in PyTorch: the backend for GPUs (float16) and for checkpoints that do not export to ONNX.
 
-Its twin for CPUs is handlers/onnx_forward.py; both take encodings and return class
-probabilities, so validation, planning, fault isolation and metrics (handlers/pipeline.py)
-are the same whichever backend an archive holds.
+Its twin for CPUs is handlers/onnx_forward.py; both take encodings and return the head's scores
+(class probabilities for most checkpoints: handlers/scores.py), so validation, planning, fault
+isolation and metrics (handlers/pipeline.py) are the same whichever backend an archive holds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from handlers.batching import padded_width
 from handlers.cuda_graphs import GraphedPasses, bucket_ladder
 from handlers.options import HandlerOptions
+from handlers.scores import SOFTMAX, apply
 from handlers.tokenization import Encoding, collate
 
 
@@ -36,8 +37,9 @@ class TorchForward:
     """A Hugging Face sequence classifier in eval mode on one device; called once per micro-batch."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, options: HandlerOptions, pad_token_id: int,
-                 token_limit: int, graphs: GraphedPasses | None = None) -> None:  # fmt: skip
+                 token_limit: int, graphs: GraphedPasses | None = None, scores: str = SOFTMAX) -> None:  # fmt: skip
         self.model = model
+        self.scores = scores
         self.device = device
         self.device_type = device.type
         self._options = options
@@ -50,7 +52,7 @@ class TorchForward:
             self.description += f"; {graphs.description}"
 
     def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
-        """Float32 class probabilities, one row per encoding, in order."""
+        """Float32 scores (handlers/scores.py), one row per encoding, in order."""
         arrays = collate(encodings, self._pad_token_id, self._options.pad_to_multiple_of, self._token_limit)
         if self.graphs is not None:
             with torch.inference_mode():
@@ -65,7 +67,7 @@ class TorchForward:
         try:
             with torch.inference_mode():
                 logits = self.model(**batch).logits
-                return logits.float().softmax(dim=-1).cpu().numpy()
+                return apply(logits.float(), self.scores).cpu().numpy()
         except torch.cuda.OutOfMemoryError:
             # Give the cached blocks back before the pipeline bisects and retries smaller groups.
             torch.cuda.empty_cache()
@@ -74,10 +76,11 @@ class TorchForward:
 
 def load_torch_forward(
     model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int,
-    input_names: Sequence[str] = ("input_ids", "attention_mask"), max_rows: int = 1,
+    input_names: Sequence[str] = ("input_ids", "attention_mask"), max_rows: int = 1, scores: str = SOFTMAX,
 ) -> TorchForward:  # fmt: skip
-    """The checkpoint on GPU `gpu_id` (None: the CPU). With `cuda_graphs` on a GPU, passes of up to `max_rows`
-    texts are captured as CUDA graphs over `input_names` (the collated inputs: handlers/tokenization.collate)."""
+    """The checkpoint on GPU `gpu_id` (None: the CPU), its logits read through `scores` (handlers/scores.py).
+    With `cuda_graphs` on a GPU, passes of up to `max_rows` texts are captured as CUDA graphs over
+    `input_names` (the collated inputs: handlers/tokenization.collate)."""
     from transformers import AutoModelForSequenceClassification
 
     device = select_device(gpu_id)
@@ -95,5 +98,5 @@ def load_torch_forward(
     graphs = None
     if options.cuda_graphs and device.type == "cuda":
         widest = padded_width(min(options.max_length, token_limit), options.pad_to_multiple_of, token_limit)
-        graphs = GraphedPasses(model, device, bucket_ladder(max_rows, widest), input_names, pad_token_id)
-    return TorchForward(model, device, options, pad_token_id, token_limit, graphs)
+        graphs = GraphedPasses(model, device, bucket_ladder(max_rows, widest), input_names, pad_token_id, scores)
+    return TorchForward(model, device, options, pad_token_id, token_limit, graphs, scores)

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from handlers.onnx_forward import ONNX_FILE
+from handlers.scores import score_function
 from tooling.onnx_export import DEFAULT_MIN_AGREEMENT, WEIGHT_FILES, export_checkpoint
 from tooling.paths import HANDLERS, MODEL_CONFIG, MODEL_STORE
 
@@ -72,7 +73,8 @@ def check_checkpoint(checkpoint: Path) -> None:
         raise NotACheckpoint(f"{checkpoint}: no weights ({', '.join(WEIGHT_FILES)})")
     config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
     AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    print(f"checkpoint: {config.model_type}, labels {config.id2label}")
+    scores = score_function(getattr(config, "problem_type", None), config.num_labels)
+    print(f"checkpoint: {config.model_type}, labels {config.id2label}, scores {scores} (handlers/scores.py)")
 
 
 def stage(checkpoint: Path, staging: Path) -> None:

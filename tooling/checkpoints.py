@@ -20,6 +20,14 @@ SIZES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
 }
 LABELS = dict(enumerate(LABEL_NAMES))
+# Heads other than the two-label softmax, each read through its own score function (handlers/scores.py).
+HEADS = {
+    "regression": dict(id2label={0: "rating"}, problem_type="regression"),
+    "one-label": dict(id2label={0: "relevant"}),  # a cross-encoder's head: no problem_type, one output
+    "multi-label": dict(
+        id2label={0: "billing", 1: "delivery", 2: "quality"}, problem_type="multi_label_classification"
+    ),
+}
 
 
 def minilm_dir() -> Path:
@@ -93,7 +101,8 @@ def _train_byte_level_bpe():
     )
 
 
-def build_random_classifier(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
+def build_random_classifier(out_dir: Path, size: str = "tiny", seed: int = 0, head: str | None = None) -> Path:
+    """A random BERT classifier with the MiniLM tokenizer: two labels (negative, positive), or one of HEADS."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -101,13 +110,9 @@ def build_random_classifier(out_dir: Path, size: str = "tiny", seed: int = 0) ->
     if (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists():
         return out_dir
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir(), local_files_only=True)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        max_position_embeddings=512,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
-        **SIZES[size],
-    )
+    labels = dict(HEADS[head]) if head else {"id2label": LABELS}
+    labels["label2id"] = {v: k for k, v in labels["id2label"].items()}
+    config = BertConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=512, **labels, **SIZES[size])
     torch.manual_seed(seed)
     model = BertForSequenceClassification(config).eval()
     model.save_pretrained(out_dir)

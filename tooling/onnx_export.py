@@ -4,8 +4,9 @@
     export_checkpoint(checkpoint, out_dir, quantize="int8")   # + dynamic int8: refuses below 99 % label agreement
 
 The graph takes the tokenizer's arrays (input_ids, attention_mask and, where the model uses them,
-token_type_ids) with dynamic batch and sequence axes, and returns softmax probabilities, so the
-handler's ONNX forward pass (handlers/onnx_forward.py) needs no post-processing. It is exported with
+token_type_ids) with dynamic batch and sequence axes, and returns the head's scores (softmax
+probabilities for most checkpoints; sigmoid or raw values where the config says so: handlers/scores.py),
+so the handler's ONNX forward pass (handlers/onnx_forward.py) needs no post-processing. It is exported with
 torch.onnx's dynamo exporter: the TorchScript exporter traced the attention mask of the example batch
 as a constant here and gave wrong answers for padded batches (max difference 0.94), which is exactly
 what the parity check is for. The fp32 graph then gets ONNX Runtime's transformer fusions where they
@@ -30,6 +31,7 @@ import numpy as np
 from handlers.loading import LoadedModel, load_model
 from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE
 from handlers.options import HandlerOptions
+from handlers.scores import RAW, SIGMOID, SOFTMAX, apply
 from handlers.tokenization import TextEncoder
 
 PARITY_TOLERANCE = 1e-4
@@ -104,6 +106,7 @@ class ExportRecord:
     exporter: str
     opset: int
     quantization: str  # "none" or "int8"
+    scores: str  # the score function baked into the graph (handlers/scores.py); the handler checks it at load
     parity_texts: int
     parity_max_abs_diff: float  # fp32 graph vs PyTorch, over the fixed texts
     eval_set: str
@@ -196,7 +199,7 @@ def served_probabilities(model: LoadedModel, texts: Sequence[str]) -> np.ndarray
 
 
 def _export_graph(checkpoint: Path, reference: LoadedModel, path: Path) -> list[str]:
-    """torch.onnx (dynamo) export of model -> softmax probabilities; returns the graph's input names."""
+    """torch.onnx (dynamo) export of model -> its scores (reference.scores); returns the graph's input names."""
     import inspect
 
     import torch
@@ -219,7 +222,7 @@ def _export_graph(checkpoint: Path, reference: LoadedModel, path: Path) -> list[
             self.model = model
 
         def forward(self, *arrays):
-            return self.model(**dict(zip(names, arrays))).logits.float().softmax(dim=-1)
+            return apply(self.model(**dict(zip(names, arrays))).logits.float(), reference.scores)
 
     batch = torch.export.Dim("batch", min=1, max=4096)
     sequence = torch.export.Dim("sequence", min=1, max=reference.token_limit)
@@ -278,12 +281,21 @@ def _copy_without_weights(checkpoint: Path, out_dir: Path) -> None:
             shutil.copy2(item, out_dir / item.name)
 
 
-def _agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
-    return float(np.mean(reference.argmax(-1) == candidate.argmax(-1)))
+def _decisions(scores: np.ndarray, function: str) -> np.ndarray:
+    """What a client reads off each row: the top label under softmax; each label's yes or no (p > 0.5) under sigmoid."""
+    return scores > 0.5 if function == SIGMOID else scores.argmax(-1)[:, None]
 
 
-def _accuracy(probs: np.ndarray, labels: Sequence[int] | None) -> float | None:
-    return None if labels is None else float(np.mean(probs.argmax(-1) == np.asarray(labels)))
+def _agreement(reference: np.ndarray, candidate: np.ndarray, function: str) -> float:
+    """The share of rows whose decisions are all the same (int8's check; no regression head gets here)."""
+    return float(np.mean((_decisions(reference, function) == _decisions(candidate, function)).all(-1)))
+
+
+def _accuracy(probs: np.ndarray, labels: Sequence[int] | None, function: str) -> float | None:
+    """Top-label accuracy on a labelled set, for a softmax head (the only kind whose rows have one label)."""
+    if labels is None or function != SOFTMAX:
+        return None
+    return float(np.mean(probs.argmax(-1) == np.asarray(labels)))
 
 
 def check_parity(reference: np.ndarray, candidate: np.ndarray, tolerance: float = PARITY_TOLERANCE) -> float:
@@ -360,6 +372,10 @@ def export_checkpoint(
         raise ExportFailed(f"unknown quantization {quantize!r}; expected one of {QUANTIZATIONS}")
     checkpoint = Path(checkpoint).resolve()
     reference = _served(checkpoint)  # PyTorch: the checkpoint as the handler serves it
+    if quantize and reference.scores == RAW:
+        # int8 is accepted on label agreement, and a regression head has no labels to agree on.
+        raise ExportFailed("int8 is checked by label agreement and this checkpoint is a regression head (problem_type "
+                           "regression: raw scores, no labels); pack it fp32 (no --quantize)")  # fmt: skip
     eval_set = default_eval_set(checkpoint, eval_tsv, reference.labels)
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onnx-export-") as tmp:
@@ -404,14 +420,15 @@ def export_checkpoint(
             exporter="torch.onnx dynamo",
             opset=OPSET,
             quantization=quantize or "none",
+            scores=reference.scores,
             parity_texts=len(parity_texts),
             parity_max_abs_diff=parity,
             eval_set=eval_set.name,
             eval_texts=len(eval_set.texts),
-            agreement=_agreement(truth, candidate),
+            agreement=_agreement(truth, candidate, reference.scores),
             max_abs_diff=float(np.abs(truth - candidate).max()),
-            accuracy_pytorch=_accuracy(truth, eval_set.labels),
-            accuracy_onnx=_accuracy(candidate, eval_set.labels),
+            accuracy_pytorch=_accuracy(truth, eval_set.labels, reference.scores),
+            accuracy_onnx=_accuracy(candidate, eval_set.labels, reference.scores),
             min_agreement=min_agreement if quantize else None,
             fusions=fusions,
             seconds={k: round(v, 2) for k, v in seconds.items()},

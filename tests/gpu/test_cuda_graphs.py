@@ -75,3 +75,16 @@ def test_a_failing_item_is_bisected_out_through_the_graphs(unpacked_model_dir):
         [single] = handler.handle(set_batch(alone, [(text.encode(), "text/plain")]), alone)
         assert json.loads(bodies[index])["label"] == json.loads(single)["label"]
         assert json.loads(bodies[index])["score"] == pytest.approx(json.loads(single)["score"], abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("head", ["multi-label", "regression"])
+def test_a_head_read_through_sigmoid_or_raw_is_replayed_as_eager_reads_it(head, tmp_path):
+    """The graphs capture the head's own score function (handlers/scores.py), not a fixed softmax."""
+    from tooling.checkpoints import build_random_classifier
+
+    checkpoint = build_random_classifier(tmp_path / "ckpt", head=head)
+    eager = load_model(checkpoint, HandlerOptions(dtype="float32"), 0, batch_size=MAX_ROWS)
+    graphed = load_model(checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
+    assert graphed.forward.graphs is not None and graphed.scores == eager.scores != "softmax"
+    encodings = encode(eager.encoder, [t for t, _ in zip(candidate_texts(), range(12))])
+    np.testing.assert_allclose(graphed.forward(encodings), eager.forward(encodings), atol=TOLERANCE)

@@ -10,7 +10,14 @@ import json
 import numpy as np
 import pytest
 
-from handlers.onnx_forward import CPU_PROVIDER, CUDA_PROVIDER, OnnxBackendError, providers_for, session_options
+from handlers.onnx_forward import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    OnnxBackendError,
+    graph_score_function,
+    providers_for,
+    session_options,
+)
 from handlers.options import CUDA_BATCH_TOKENS, HandlerOptions
 from tooling.corpus import LABELS, held_out_examples
 from tooling.onnx_export import (
@@ -93,10 +100,11 @@ def test_the_fixed_texts_cover_padding_truncation_and_breadth():
 
 
 def test_the_record_in_the_graphs_metadata_round_trips_and_summarises():
-    record = ExportRecord("bert", "torch.onnx dynamo", 18, "int8", 114, 2.4e-7, "held-out", 84, 1.0, 0.31, 0.9643,
-                          0.9643, 0.99)  # fmt: skip
+    record = ExportRecord("bert", "torch.onnx dynamo", 18, "int8", "softmax", 114, 2.4e-7, "held-out", 84, 1.0, 0.31,
+                          0.9643, 0.9643, 0.99)  # fmt: skip
     stored = json.loads(record.metadata())
     assert stored["agreement"] == 1.0 and stored["quantization"] == "int8" and stored["summary"] == record.summary
+    assert graph_score_function(stored) == "softmax"  # what the handler checks against the config at load
     assert "label agreement 100.0%" in record.summary and "accuracy 0.9643 (PyTorch 0.9643)" in record.summary
 
 

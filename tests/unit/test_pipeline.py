@@ -85,6 +85,7 @@ def make_model(**options) -> tuple[LoadedModel, FakeForward]:
         encoder=TextEncoder(tokenizer, min(resolved.max_length, TOKEN_LIMIT)),  # no Rust tokenizer: the wrapper's call
         forward=forward,
         labels=LABELS,
+        scores="softmax",
         options=resolved,
         max_length=min(resolved.max_length, TOKEN_LIMIT),
         token_limit=TOKEN_LIMIT,
