@@ -24,13 +24,14 @@ from handlers import rejection
 from handlers.batching import padded_width, plan_micro_batches
 from handlers.deadline import late, read_deadline, refusal
 from handlers.fault_isolation import run_isolating_faults
+from handlers.instances import Instance
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.protocols import PREDICTIONS, ParsedRequest, read_request
 from handlers.rejection import Rejection
 from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
-from handlers.validation import validate_text
+from handlers.validation import validate_instance
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +83,17 @@ def read_requests(
     return parsed
 
 
-def validate(requests: Sequence[ParsedRequest]) -> tuple[dict[InstanceKey, str], Rejected]:
+def validate(requests: Sequence[ParsedRequest]) -> tuple[dict[InstanceKey, Instance], Rejected]:
     """Every instance of every request checked on its own (text rules that need no tokenizer):
-    (valid texts, rejected instances). An instance the format could not read is rejected as it is."""
-    texts: dict[InstanceKey, str] = {}
+    (valid instances: texts and pairs, rejected instances). An instance the format could not read is rejected
+    as it is."""
+    texts: dict[InstanceKey, Instance] = {}
     rejected: Rejected = {}
     for r, request in enumerate(requests):
         if request.error is not None:
             continue
         for p, instance in enumerate(request.instances):
-            checked = instance if isinstance(instance, Rejection) else validate_text(instance)
+            checked = instance if isinstance(instance, Rejection) else validate_instance(instance)
             if isinstance(checked, Rejection):
                 rejected[(r, p)] = checked
             else:
@@ -105,14 +107,23 @@ def servable(values: Mapping[InstanceKey, T], rejected: Mapping[InstanceKey, Rej
     return {key: value for key, value in values.items() if key[0] not in failed}
 
 
-def encode_texts(model: LoadedModel, texts: Mapping[InstanceKey, str]) -> tuple[dict[InstanceKey, Encoding], Rejected]:
-    """Token ids with the cap; under `overlength: reject`, a text over the cap is refused instead."""
+def encode_texts(
+    model: LoadedModel, texts: Mapping[InstanceKey, Instance]
+) -> tuple[dict[InstanceKey, Encoding], Rejected]:
+    """Token ids with the cap; under `overlength: reject`, a text over the cap is refused instead.
+
+    An encoding the tokenizer could not cut to the cap (a pair under a cap smaller than its special tokens: four
+    for RoBERTa's `<s>a</s></s>b</s>`) is refused whatever `overlength` says: the cap bounds what one item may
+    cost a pass, and the CUDA graphs are captured up to it."""
     keys = list(texts)
     encodings = encode(model.encoder, [texts[k] for k in keys])
-    if model.options.overlength != "reject":
-        return dict(zip(keys, encodings)), {}
-    kept = {key: e for key, e in zip(keys, encodings) if not e.truncated}
-    refused = {key: rejection.too_many_tokens(model.max_length) for key, e in zip(keys, encodings) if e.truncated}
+    reject_cut = model.options.overlength == "reject"
+    kept, refused = {}, {}
+    for key, e in zip(keys, encodings):
+        if e.length > model.max_length or (reject_cut and e.truncated):
+            refused[key] = rejection.too_many_tokens(model.max_length)
+        else:
+            kept[key] = e
     return kept, refused
 
 

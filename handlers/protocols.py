@@ -4,6 +4,8 @@ One TorchServe batch can mix three formats, recognised per request from its body
   predictions  raw text, or JSON {"text": "..."}              -> one instance
   KServe v1    JSON {"instances": ["...", {"text": "..."}]}   -> one instance per entry
   KServe v2    JSON {"id": ..., "inputs": [{"name": "text", "datatype": "BYTES", "shape": [N], "data": [...]}]}
+An instance may be a pair of texts (handlers/instances.py): {"text": "...", "text_pair": "..."} in
+the JSON formats, and in KServe v2 a second input named "text_pair" beside one named "text".
 Every instance is validated, encoded and run on its own footing (handlers/pipeline.py);
 this module turns a decoded body into instances; handlers/responses.py turns instance
 results back into the one answer its request gets.
@@ -23,6 +25,7 @@ from typing import Any
 
 from handlers import rejection
 from handlers.decoding import TEXT_FIELD, Document, decode_request, payload_content_type, payload_of, request_header
+from handlers.instances import PAIR_FIELD, Instance, TextPair
 from handlers.rejection import Rejection
 
 PREDICTIONS = "predictions"
@@ -32,10 +35,11 @@ KSERVE_V2 = "kserve-v2"
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """One request of the batch, read: its format, its instances (text, or why not), or an error for all of it."""
+    """One request of the batch, read: its format, its instances (a text or a pair, or why not), or an error for all
+    of it."""
 
     protocol: str
-    instances: tuple[str | Rejection, ...] = ()
+    instances: tuple[Instance | Rejection, ...] = ()
     error: Rejection | None = None
     request_id: Any = None  # KServe v2 "id", echoed in the answer
 
@@ -138,7 +142,7 @@ def _kserve_v1(instances: Any, max_instances: int) -> ParsedRequest:
     return ParsedRequest(KSERVE_V1, tuple(_v1_instance(instance) for instance in instances))
 
 
-def _v1_instance(instance: Any) -> str | Rejection:
+def _v1_instance(instance: Any) -> Instance | Rejection:
     if isinstance(instance, str):
         return instance
     if isinstance(instance, Mapping):
@@ -156,28 +160,50 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
     inputs = document["inputs"]
     if not isinstance(inputs, list) or not inputs:
         return malformed("'inputs' must be a non-empty array")
-    if len(inputs) != 1:
-        return malformed(f"expected exactly one input tensor of texts, got {len(inputs)}")
-    tensor = inputs[0]
-    if not isinstance(tensor, Mapping):
-        return malformed(f"inputs[0] must be an object, got {json_type_name(tensor)}")
-    missing = [key for key in ("name", "datatype", "shape", "data") if key not in tensor]
-    if missing:
-        return malformed(f"inputs[0] has no {', '.join(repr(m) for m in missing)}")
-    if tensor["datatype"] != "BYTES":
-        return malformed(f'inputs[0].datatype must be "BYTES" (texts), got {tensor["datatype"]!r}')
-    data, shape = tensor["data"], tensor["shape"]
-    if not isinstance(data, list) or not data:
-        return malformed("inputs[0].data must be a non-empty array of strings")
-    if not _shape_holds(shape, len(data)):
-        return malformed(f"inputs[0].shape {shape!r} does not match {len(data)} data elements (expected [{len(data)}])")
-    for position, value in enumerate(data):
-        if not isinstance(value, str):
-            return malformed(f"inputs[0].data[{position}] must be a string, got {json_type_name(value)}")
+    if len(inputs) > 2:
+        return malformed(f"expected one input tensor of texts (or two: {TEXT_FIELD!r} and {PAIR_FIELD!r}), "
+                         f"got {len(inputs)}")  # fmt: skip
+    columns = []
+    for index, tensor in enumerate(inputs):
+        column = _v2_texts(tensor, index)
+        if isinstance(column, str):
+            return malformed(column)
+        columns.append(column)
+    if len(inputs) == 1:
+        data = columns[0]
+    else:
+        names = [tensor["name"] for tensor in inputs]
+        if sorted(names) != sorted((TEXT_FIELD, PAIR_FIELD)):
+            return malformed(f"two input tensors must be named {TEXT_FIELD!r} and {PAIR_FIELD!r}, got {names!r}")
+        if len(columns[0]) != len(columns[1]):
+            return malformed(f"{TEXT_FIELD!r} has {len(columns[0])} texts and {PAIR_FIELD!r} {len(columns[1])}")
+        texts, pairs = columns if names[0] == TEXT_FIELD else columns[::-1]
+        data = [TextPair(text, pair) for text, pair in zip(texts, pairs)]
     if len(data) > max_instances:
         error = rejection.too_many_instances(len(data), max_instances)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
     return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id)
+
+
+def _v2_texts(tensor: Any, index: int) -> list[str] | str:
+    """One v2 input tensor's texts, or what is wrong with it (a message)."""
+    where = f"inputs[{index}]"
+    if not isinstance(tensor, Mapping):
+        return f"{where} must be an object, got {json_type_name(tensor)}"
+    missing = [key for key in ("name", "datatype", "shape", "data") if key not in tensor]
+    if missing:
+        return f"{where} has no {', '.join(repr(m) for m in missing)}"
+    if tensor["datatype"] != "BYTES":
+        return f'{where}.datatype must be "BYTES" (texts), got {tensor["datatype"]!r}'
+    data, shape = tensor["data"], tensor["shape"]
+    if not isinstance(data, list) or not data:
+        return f"{where}.data must be a non-empty array of strings"
+    if not _shape_holds(shape, len(data)):
+        return f"{where}.shape {shape!r} does not match {len(data)} data elements (expected [{len(data)}])"
+    for position, value in enumerate(data):
+        if not isinstance(value, str):
+            return f"{where}.data[{position}] must be a string, got {json_type_name(value)}"
+    return data
 
 
 def _shape_holds(shape: Any, count: int) -> bool:
@@ -203,8 +229,9 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def text_from_json(document: Any) -> str | Rejection:
-    """Pick the text out of a parsed JSON document; other fields are ignored."""
+def text_from_json(document: Any) -> Instance | Rejection:
+    """Pick the text, and the second text of a pair where there is one, out of a parsed JSON document;
+    other fields are ignored."""
     if not isinstance(document, Mapping):
         return rejection.not_an_object(json_type_name(document))
     if TEXT_FIELD not in document:
@@ -212,4 +239,9 @@ def text_from_json(document: Any) -> str | Rejection:
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
         return rejection.wrong_type(TEXT_FIELD, json_type_name(text))
-    return text
+    if PAIR_FIELD not in document:
+        return text
+    pair = document[PAIR_FIELD]
+    if not isinstance(pair, str):
+        return rejection.wrong_type(PAIR_FIELD, json_type_name(pair))
+    return TextPair(text, pair)

@@ -1,4 +1,4 @@
-"""Valid texts -> token ids (with the token cap), and token ids -> padded tensors."""
+"""Valid texts and pairs of texts -> token ids (with the token cap), and token ids -> padded tensors."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from handlers.ascii_normalization import AsciiShortcut, ascii_shortcut
 from handlers.batching import padded_width
+from handlers.instances import Instance, TextPair
 
 # Models whose position ids start after the padding index, so two positions are unusable.
 _OFFSET_POSITION_MODELS = {"roberta", "xlm-roberta", "camembert", "longformer"}
@@ -87,9 +88,11 @@ def size_tokenizer_pool(threads: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)
 
 
-def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
-    """Tokenize texts, capping each at the encoder's max_length tokens and flagging those that were cut.
+def encode(encoder: TextEncoder, texts: Sequence[Instance]) -> list[Encoding]:
+    """Tokenize texts and pairs, capping each at the encoder's max_length tokens and flagging those that were cut.
 
+    A pair is joined as the tokenizer joins two sequences (`[CLS] a [SEP] b [SEP]`, token types 0 then 1 for
+    BERT) and cut longest first, as transformers' pipeline does with `truncation=True`.
     With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`: nothing here
     uses them, and they cost about a fifth of the call), a text cut at the cap being one that left tokens
     over. For a BERT tokenizer, the ASCII texts are normalized here and go through a copy without its
@@ -102,19 +105,28 @@ def encode(encoder: TextEncoder, texts: Sequence[str]) -> list[Encoding]:
         return []
     if encoder.fast is None:
         return _encode_through_the_tokenizer(encoder.tokenizer, texts, encoder.max_length)
+    inputs = [(t.text, t.text_pair) if isinstance(t, TextPair) else t for t in texts]
     if encoder.ascii is None:
-        return _encodings(encoder.fast.encode_batch_fast(list(texts)), encoder.features)
-    normalized = [encoder.ascii.normalize(text) for text in texts]
-    short = [i for i, text in enumerate(normalized) if text is not None]
-    whole = [i for i, text in enumerate(normalized) if text is None]
+        return _encodings(encoder.fast.encode_batch_fast(inputs), encoder.features)
+    normalized = [_normalized(encoder.ascii, item) for item in inputs]
+    short = [i for i, item in enumerate(normalized) if item is not None]
+    whole = [i for i, item in enumerate(normalized) if item is None]
     by_index: dict[int, Encoding] = {}
     if short:
         encoded = encoder.ascii.tokenizer.encode_batch_fast([normalized[i] for i in short])
         by_index.update(zip(short, _encodings(encoded, encoder.features)))
     if whole:
-        encoded = encoder.fast.encode_batch_fast([texts[i] for i in whole])
+        encoded = encoder.fast.encode_batch_fast([inputs[i] for i in whole])
         by_index.update(zip(whole, _encodings(encoded, encoder.features)))
     return [by_index[i] for i in range(len(texts))]
+
+
+def _normalized(shortcut: AsciiShortcut, item: str | tuple[str, str]) -> str | tuple[str, str] | None:
+    """A text, or both texts of a pair, normalized by the ASCII shortcut; None unless every one of them takes it."""
+    if isinstance(item, str):
+        return shortcut.normalize(item)
+    first, second = shortcut.normalize(item[0]), shortcut.normalize(item[1])
+    return None if first is None or second is None else (first, second)
 
 
 def _encodings(encoded: Sequence[Any], features: tuple[str, ...]) -> list[Encoding]:
@@ -124,17 +136,37 @@ def _encodings(encoded: Sequence[Any], features: tuple[str, ...]) -> list[Encodi
     return [Encoding({"input_ids": e.ids}, bool(e.overflowing)) for e in encoded]
 
 
-def _encode_through_the_tokenizer(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[Encoding]:
-    """A tokenizer without a Rust one: tokenizing to max_length + 1 tells which texts are over the cap
-    without a second full pass; only those are tokenized again at the cap, so the special tokens stay
-    correct for any model family."""
-    probe = tokenizer(list(texts), truncation=True, max_length=max_length + 1, return_attention_mask=False)
-    rows = [{key: probe[key][i] for key in probe} for i in range(len(texts))]
+def _encode_through_the_tokenizer(tokenizer: Any, texts: Sequence[Instance], max_length: int) -> list[Encoding]:
+    """A tokenizer without a Rust one: the single texts in one call and the pairs in another (the wrapper takes
+    either in a call, not both), back in order."""
+    singles = [i for i, t in enumerate(texts) if not isinstance(t, TextPair)]
+    pairs = [i for i, t in enumerate(texts) if isinstance(t, TextPair)]
+    by_index: dict[int, Encoding] = {}
+    if singles:
+        encoded = _capped_call(tokenizer, max_length, [texts[i] for i in singles])
+        by_index.update(zip(singles, encoded))
+    if pairs:
+        firsts = [texts[i].text for i in pairs]  # type: ignore[union-attr] - pairs only
+        seconds = [texts[i].text_pair for i in pairs]  # type: ignore[union-attr]
+        by_index.update(zip(pairs, _capped_call(tokenizer, max_length, firsts, seconds)))
+    return [by_index[i] for i in range(len(texts))]
+
+
+def _capped_call(tokenizer: Any, max_length: int, texts: list, pairs: list | None = None) -> list[Encoding]:
+    """Tokenizing to max_length + 1 tells which items are over the cap without a second full pass; only those are
+    tokenized again at the cap, so the special tokens stay correct for any model family."""
+
+    def call(rows: list[int], limit: int):
+        second = {} if pairs is None else {"text_pair": [pairs[i] for i in rows]}
+        return tokenizer([texts[i] for i in rows], **second, truncation=True, max_length=limit,
+                         return_attention_mask=False)  # fmt: skip
+
+    everything = list(range(len(texts)))
+    probe = call(everything, max_length + 1)
+    rows = [{key: probe[key][i] for key in probe} for i in everything]
     over = [i for i, row in enumerate(rows) if len(row["input_ids"]) > max_length]
     if over:
-        capped = tokenizer(
-            [texts[i] for i in over], truncation=True, max_length=max_length, return_attention_mask=False
-        )
+        capped = call(over, max_length)
         for j, i in enumerate(over):
             rows[i] = {key: capped[key][j] for key in capped}
     over_set = set(over)

@@ -15,12 +15,41 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
     ("v1 empty instance", {"instances": ["good one", "", "another"]}, 400, "EmptyText", "instances[1]"),
     ("v2 inputs not a list", {"inputs": {"name": "text"}}, 400, "MalformedRequest", "non-empty array"),
     ("v2 no inputs", {"inputs": []}, 400, "MalformedRequest", "non-empty array"),
+    ("v1 text_pair of wrong type", {"instances": [{"text": "a", "text_pair": 3}]}, 400, "WrongType", "'text_pair'"),
+    ("v1 empty text_pair", {"instances": ["ok", {"text": "a", "text_pair": ""}]}, 400, "EmptyText", "[1]: text_pair"),
     (
-        "v2 several inputs",
+        "v2 two inputs not named text and text_pair",
         {"inputs": [v2_input := {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}, v2_input]},
         400,
         "MalformedRequest",
-        "exactly one input",
+        "must be named 'text' and 'text_pair'",
+    ),
+    ("v2 three inputs", {"inputs": [v2_input] * 3}, 400, "MalformedRequest", "expected one input tensor"),
+    (
+        "v2 pair columns of different lengths",
+        {"inputs": [v2_input, {"name": "text_pair", "shape": [2], "datatype": "BYTES", "data": ["b", "c"]}]},
+        400,
+        "MalformedRequest",
+        "'text' has 1 texts and 'text_pair' 2",
+    ),
+    (
+        "v2 text_pair of wrong datatype",
+        {"inputs": [v2_input, {"name": "text_pair", "shape": [1], "datatype": "INT64", "data": [1]}]},
+        400,
+        "MalformedRequest",
+        "inputs[1].datatype",
+    ),
+    (
+        "v2 whitespace-only text_pair",
+        {
+            "inputs": [
+                {"name": "text_pair", "shape": [2], "datatype": "BYTES", "data": ["fine", " "]},
+                {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+            ]
+        },
+        400,
+        "EmptyText",
+        "inputs[0].data[1]: text_pair",
     ),
     (
         "v2 wrong datatype",

@@ -54,18 +54,18 @@ def expected_alone(handler, model_dir, texts: list[str]) -> list[dict]:
 
 def plain_outcome(decoded: object) -> object:
     """What the handler makes of one decoded body, with the pipeline's own steps: the body read by
-    protocols.parse_request, each instance checked by validation.validate_text; the text, or the
+    protocols.parse_request, each instance checked by validation.validate_instance; the text (or pair), or the
     request's first rejection."""
     from handlers.options import HandlerOptions
     from handlers.protocols import parse_request
     from handlers.rejection import Rejection
-    from handlers.validation import validate_text
+    from handlers.validation import validate_instance
 
     request = parse_request(decoded, HandlerOptions().max_instances)
     problem = request.first_problem()
     if problem is not None:
         return problem[1]
-    checked = [validate_text(instance) for instance in request.instances]
+    checked = [validate_instance(instance) for instance in request.instances]
     return next((c for c in checked if isinstance(c, Rejection)), checked[0])
 
 

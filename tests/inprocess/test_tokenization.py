@@ -151,3 +151,42 @@ def test_the_benchmark_times_the_three_ways_at_each_batch_size(tiny_checkpoint):
         assert handler > 0 and whole > 0 and row["wrapper_two_passes_us_per_text"] > 0
         assert row["speed_up_over_whole_tokenizer"] == whole / handler
         assert row["speed_up_over_wrapper"] == row["wrapper_two_passes_us_per_text"] / handler
+
+
+PAIRS = [
+    ("what is the refund policy", "Refunds are issued within 14 days of purchase for unused items."),
+    ("Café crème?", "naïve façade, ÀÉÎÕÜ ß ø and 東京のホテル"),  # non-ASCII: the whole tokenizer
+    ("x", "y"),
+    ("word " * 40, "short"),  # the first text the longer: cut first
+    ("short", "word " * 40),
+]
+
+
+def pairs_as_the_wrapper_tokenizes_them(tokenizer, pairs, cap) -> list[tuple[list[int], list[int] | None, bool]]:
+    """(ids, token types, cut) of each pair from the Hugging Face wrapper's own call with text_pair, cut longest
+    first as transformers' pipeline cuts them; cut: the pair alone is longer than the cap."""
+    rows = []
+    for text, pair in pairs:
+        capped = tokenizer(text, pair, truncation=True, max_length=cap)
+        whole = tokenizer(text, pair)
+        rows.append((capped["input_ids"], capped.get("token_type_ids"), len(whole["input_ids"]) > cap))
+    return rows
+
+
+@pytest.mark.parametrize("cap", CAPS)
+def test_pairs_are_joined_and_cut_as_the_wrapper_does_them_in_a_batch_with_single_texts(tokenizer, cap):
+    from handlers.instances import TextPair
+
+    batch = [TEXTS[0], *[TextPair(a, b) for a, b in PAIRS], TEXTS[1]]
+    expected = pairs_as_the_wrapper_tokenizes_them(tokenizer, PAIRS, cap)
+    for encodings in (encode(text_encoder(tokenizer, cap), batch), through_the_wrapper(tokenizer, batch, cap)):
+        assert encodings[0] == encode(text_encoder(tokenizer, cap), [TEXTS[0]])[0]  # singles as they were
+        assert encodings[-1] == encode(text_encoder(tokenizer, cap), [TEXTS[1]])[0]
+        for encoding, (ids, types, cut) in zip(encodings[1:-1], expected, strict=True):
+            assert encoding.features["input_ids"] == ids
+            assert encoding.features.get("token_type_ids") == (types if "token_type_ids" in encoding.features else None)
+            # Under a cap smaller than a pair's special tokens (RoBERTa's four at 3) neither call can cut it:
+            # the pipeline refuses such an encoding (tests/unit/test_pipeline.py); otherwise the flags agree.
+            assert encoding.truncated == cut or (len(ids) > cap and cap < 4)
+        if "token_type_ids" in encodings[1].features:
+            assert set(encodings[1].features["token_type_ids"]) == {0, 1}  # the second text marked as such
