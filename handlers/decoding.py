@@ -7,7 +7,9 @@ TorchServe's frontend hands the worker one dict per request, parameter name -> b
   gRPC Predictions                        the request's input map, {"data": ...} by TorchServe's convention
 and, per request, a headers dict holding {"content-type": ...} for every parameter (the media
 type alone: TorchServe drops the charset) and the HTTP request headers under the names the client
-sent them (any case). The payload is the first of `body`, `text`, `data` present.
+sent them (any case). The payload is the first of `body`, `text`, `data` present; a form or gRPC input
+map that also has a `text_pair` field is a pair of texts (handlers/instances.py), read as the JSON
+document {"text": ..., "text_pair": ...} would be.
 
 TorchServe's form parser also swallows the most common curl habit: `curl -d "some text"` sends
 application/x-www-form-urlencoded, and a body without `name=value` pairs arrives as no field at
@@ -24,12 +26,13 @@ import codecs
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.message import Message
 from email.utils import collapse_rfc2231_value
 from typing import Any
 
 from handlers import rejection
+from handlers.instances import PAIR_FIELD
 from handlers.rejection import Rejection
 
 TEXT_FIELD = "text"
@@ -45,7 +48,8 @@ NOT_CHARSETS = frozenset({"unicode-escape", "raw-unicode-escape", "idna", "punyc
 
 @dataclass(frozen=True)
 class Document:
-    """A body declared JSON and parsed; handlers/protocols.py decides what it holds (one text, KServe v1 or v2)."""
+    """A body declared JSON and parsed, or a form's (a gRPC input map's) text and text_pair fields as the JSON
+    object they stand for; handlers/protocols.py decides what it holds (one text or a pair, KServe v1 or v2)."""
 
     value: Any
 
@@ -226,4 +230,13 @@ def decode_request(
     content_type = payload_content_type(headers, name)
     if as_json:
         content_type = ContentType("application/json", content_type.charset)
-    return _decode(value, content_type, max_bytes)
+    decoded = _decode(value, content_type, max_bytes)
+    if name == "body" or not isinstance(decoded, str) or PAIR_FIELD not in item:
+        return decoded
+    # A form (or gRPC input map) with a second text: a pair, each field decoded with its own content type.
+    pair = _decode(item[PAIR_FIELD], payload_content_type(headers, PAIR_FIELD), max_bytes)
+    if isinstance(pair, Document):
+        return rejection.wrong_type(PAIR_FIELD, "a JSON document")
+    if isinstance(pair, Rejection):
+        return replace(pair, message=f"{PAIR_FIELD}: {pair.message}")
+    return Document({TEXT_FIELD: decoded, PAIR_FIELD: pair})

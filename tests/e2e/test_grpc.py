@@ -115,6 +115,18 @@ def test_concurrent_mixed_calls_answer_as_http_does(stub, protos, torchserve, mo
             assert (http.status_code, http.json()) == (status, answer)
 
 
+def test_a_text_pair_input_makes_a_pair_as_json_does_over_http(stub, protos, torchserve, model):
+    query, passage = "is parking free", "Guests park for free in the garage under the hotel."
+    over_http = torchserve.predict(model, json.dumps({"text": query, "text_pair": passage}), "application/json")
+    assert over_http.status_code == 200, over_http.text
+    for name in ("text", "data"):
+        answer = predict(stub, protos, torchserve, {name: query.encode(), "text_pair": passage.encode()})
+        assert answer["scores"] == pytest.approx(over_http.json()["scores"], abs=1e-4)
+    assert predict(stub, protos, torchserve, {"data": query.encode()})["scores"] != answer["scores"]
+    refused = predict(stub, protos, torchserve, {"data": query.encode(), "text_pair": b"\xff"})
+    assert (refused["code"], refused["type"]) == (400, "InvalidUTF8") and "text_pair" in refused["message"]
+
+
 def test_a_rejected_item_is_a_successful_call_carrying_the_error(stub, protos, torchserve, model):
     """What docs/calling.md tells gRPC clients: no RpcError; parse the body, and a "code" key means refused."""
     request = protos["inference_pb2"].PredictionsRequest(model_name=model, input={"data": b""})

@@ -154,6 +154,18 @@ def test_text_field_wins_over_data_in_both_form_kinds(torchserve, url, reference
     assert_same_answer(post(torchserve, url, data={"lang": "en", "data": second}), reference(second))
 
 
+def test_a_text_pair_field_makes_a_pair_in_both_form_kinds_as_in_json(torchserve, url, reference):
+    query, passage = "is breakfast included", "Breakfast is served daily from seven, included in every rate."
+    as_json = post(torchserve, url, json={"text": query, "text_pair": passage})
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.json()["scores"] != reference(query)["scores"]  # a pair, not its first text alone
+    assert_same_answer(post(torchserve, url, data={"text": query, "text_pair": passage}), as_json.json())
+    multipart = post(torchserve, url, files={"text": (None, query), "text_pair": (None, passage)})
+    assert_same_answer(multipart, as_json.json())
+    body = assert_rejected(post(torchserve, url, data={"text": query, "text_pair": " "}), 400, "EmptyText")
+    assert "text_pair" in body["message"]
+
+
 def test_a_repeated_field_counts_once_the_last_one(torchserve, url, reference):
     # TorchServe's worker keeps one value per field name: the last one sent.
     response = post(torchserve, url, data=[("text", "first of two"), ("text", "second of two")])

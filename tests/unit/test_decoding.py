@@ -363,3 +363,16 @@ def test_new_rejections_have_the_error_shape():
     ):
         assert reason.body() == {"code": reason.status, "type": reason.type, "message": reason.message}
         assert 400 <= reason.status < 500 and reason.phrase != "Error"
+
+
+def test_a_text_pair_field_beside_the_text_makes_a_pair_in_forms_and_grpc():
+    pair = Document({"text": "is parking free", "text_pair": "Parking is free."})
+    assert decode(form({"text": b"is parking free", "text_pair": b"Parking is free."})) == pair
+    assert decode(form({"text": b"is parking free", "text_pair": b"Parking is free."}, MULTIPART)) == pair
+    assert decode(grpc({"data": b"is parking free", "text_pair": b"Parking is free."})) == pair
+    # A raw body is the text whatever it says: no field of its own can make a pair.
+    assert decode(raw_body(b"text_pair")) == "text_pair"
+    refused = decode(grpc({"text": b"q", "text_pair": b"\xff"}))
+    assert (refused.type, refused.message.split(":")[0]) == ("InvalidUTF8", "text_pair")
+    as_json = decode(form({"text": b"q", "text_pair": b'{"a": 1}'}, MULTIPART, part_types={"text_pair": JSON}))
+    assert (as_json.type, as_json.message) == ("WrongType", "'text_pair' must be a string, got a JSON document")
