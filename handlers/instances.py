@@ -21,8 +21,3 @@ class TextPair:
 
 
 Instance = str | TextPair
-
-
-def texts_of(instance: Instance) -> tuple[str, ...]:
-    """The one or two texts of an instance, in order."""
-    return (instance.text, instance.text_pair) if isinstance(instance, TextPair) else (instance,)
