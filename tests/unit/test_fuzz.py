@@ -1,4 +1,4 @@
-"""Property tests: decoding and validation never raise, answer with a text or a 4xx, and never lose a text.
+"""Property tests: decoding and validation never raise, answer with a text (or a pair) or a 4xx, and never lose a text.
 
 Every way a text can arrive is fuzzed: raw bodies with any Content-Type and charset, JSON
 documents, urlencoded and multipart forms and gRPC input maps as TorchServe's worker hands them over.
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from handlers import rejection
 from handlers.decoding import decode_request, payload_of
+from handlers.instances import TextPair
 from handlers.rejection import Rejection
 from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
 from tests.support import decode_and_validate, plain_outcome
@@ -50,6 +51,7 @@ json_documents = st.one_of(
     json_values,
     st.fixed_dictionaries({"text": json_values}),
     st.fixed_dictionaries({"text": st.text()}, optional={"extra": json_values}),
+    st.fixed_dictionaries({"text": st.text(), "text_pair": st.one_of(st.text(), json_values)}),
 )
 payload_values = st.one_of(
     st.binary(max_size=LIMIT + 64),
@@ -73,10 +75,19 @@ def assert_well_formed(outcome: object) -> None:
         assert 400 <= outcome.status < 500
         assert outcome.type and outcome.message
         json.dumps(outcome.body())  # the body must serialise
-    else:
-        assert isinstance(outcome, str)
-        assert outcome.strip(), "an accepted text is never empty or whitespace-only"
-        outcome.encode("utf-8")  # and the tokenizer can take it
+        return
+    for text in (outcome.text, outcome.text_pair) if isinstance(outcome, TextPair) else (outcome,):
+        assert isinstance(text, str)
+        assert text.strip(), "an accepted text is never empty or whitespace-only"
+        text.encode("utf-8")  # and the tokenizer can take it
+
+
+def expected_outcome(text: str, pair: object, has_pair: bool) -> object:
+    """What a servable `text` comes to beside a `text_pair` field (`has_pair`) holding `pair` (None: not a text):
+    the text, the pair, or None where the pair must be refused."""
+    if not has_pair:
+        return text
+    return TextPair(text, pair) if isinstance(pair, str) and servable(pair) else None
 
 
 def validated(decoded: object) -> object:
@@ -132,8 +143,10 @@ def test_arbitrary_json_documents(document, ensure_ascii, bom, content_type):
     assert_well_formed(outcome)
     text = document.get("text") if isinstance(document, dict) else None
     if isinstance(text, str) and servable(text) and len(body) <= limit:
-        # Every object with a servable string `text` is accepted, and decoded to exactly that text.
-        assert outcome == text
+        # Every object with a servable string `text` is accepted, and decoded to exactly that text, or to the pair
+        # with a servable string `text_pair`; any other `text_pair` is refused.
+        expected = expected_outcome(text, document.get("text_pair"), "text_pair" in document)
+        assert outcome == expected if expected is not None else isinstance(outcome, Rejection)
     else:
         assert isinstance(outcome, Rejection)
 
@@ -188,7 +201,7 @@ def test_any_charset_value_is_decoded_or_refused_cleanly(raw, charset):
 # ---- forms and gRPC, as TorchServe's worker hands them over ---------------------------------------
 
 field_names = st.one_of(
-    st.sampled_from(["text", "data", "lang", "id", "file", "body"]), st.text(min_size=1, max_size=12)
+    st.sampled_from(["text", "data", "lang", "id", "file", "body", "text_pair"]), st.text(min_size=1, max_size=12)
 )
 field_values = st.one_of(
     st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=200)
@@ -204,7 +217,8 @@ def test_forms(fields, content_type, content_length):
     decoded = decode_request(item, headers, LIMIT)
     outcome = validated(decoded)
     assert_well_formed(outcome)
-    chosen = next((fields[name] for name in ("body", "text", "data") if name in fields), None)
+    chosen_name = next((name for name in ("body", "text", "data") if name in fields), None)
+    chosen = fields.get(chosen_name)
     if chosen is None:
         # No field carries the text: say so (never echoing a field), unless nothing at all was sent.
         media_type = content_type.split(";")[0].strip().lower()
@@ -218,10 +232,19 @@ def test_forms(fields, content_type, content_length):
     except UnicodeDecodeError:
         assert outcome.type == "InvalidUTF8"
         return
-    if servable(text):
-        assert outcome == text, "a servable text in the chosen field is the text"
-    else:
+    if not servable(text):
         assert isinstance(outcome, Rejection)
+        return
+    has_pair = "text_pair" in fields and chosen_name != "body"
+    try:
+        pair = fields["text_pair"].decode("utf-8").removeprefix(BOM) if has_pair else None
+    except UnicodeDecodeError:
+        pair = None
+    expected = expected_outcome(text, pair, has_pair)
+    if expected is None:
+        assert isinstance(outcome, Rejection) and "text_pair" in outcome.message
+    else:
+        assert outcome == expected, "a servable text in the chosen field is the text (with its pair)"
 
 
 @FUZZ
@@ -233,7 +256,7 @@ def test_forms(fields, content_type, content_length):
 )
 def test_a_servable_text_field_is_never_lost(text, others, content_type, name):
     assume(servable(text.removeprefix(BOM)))
-    fields = {k: v for k, v in others.items() if k not in ("body", "text")}
+    fields = {k: v for k, v in others.items() if k not in ("body", "text", "text_pair")}
     fields[name] = text.encode("utf-8", "surrogatepass")
     item, headers = form(fields, content_type)
     outcome = validated(decode_request(item, headers, LIMIT))

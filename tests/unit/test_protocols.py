@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from handlers.decoding import Document
+from handlers.instances import TextPair
 from handlers.options import HandlerOptions
 from handlers.pipeline import regroup, validate
 from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, parse_request
@@ -40,6 +41,17 @@ def test_v2_texts_and_id():
     assert (request.protocol, request.instances, request.request_id) == (KSERVE_V2, ("a", "b"), "abc")
     column = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "b"]}]}
     assert parse_request(Document(column), LIMIT).instances == ("a", "b")
+
+
+def test_pairs_in_every_format_in_order():
+    assert parse_request(Document({"text": "q", "text_pair": "p"}), LIMIT).instances == (TextPair("q", "p"),)
+    v1_pairs = parse_request(Document({"instances": [{"text": "q", "text_pair": "p"}, "alone"]}), LIMIT)
+    assert (v1_pairs.protocol, v1_pairs.instances) == (KSERVE_V1, (TextPair("q", "p"), "alone"))
+    texts = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["q1", "q2"]}
+    pairs = {"name": "text_pair", "shape": [2], "datatype": "BYTES", "data": ["p1", "p2"]}
+    for inputs in ([texts, pairs], [pairs, texts]):  # matched by name, whichever comes first
+        request = parse_request(Document({"id": "r", "inputs": inputs}), LIMIT)
+        assert request.instances == (TextPair("q1", "p1"), TextPair("q2", "p2")) and request.request_id == "r"
 
 
 @pytest.mark.parametrize(("name", "body", "status", "kind", "fragment"), MALFORMED, ids=[m[0] for m in MALFORMED])
