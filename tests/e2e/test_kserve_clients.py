@@ -109,3 +109,23 @@ def test_predictions_route_keeps_reading_the_content_type(torchserve, shared_mod
     assert response.status_code == 200, response.text
     assert response.json()["label"] == expected[text]["label"]
     assert response.json()["score"] == pytest.approx(expected[text]["score"], abs=1e-4)
+
+
+def test_torchserve_serves_no_open_inference_health_or_metadata_route(torchserve, shared_model):
+    """A limit of TorchServe 0.12's frontend, pinned so that a fix shows up (docs/calling.md): of the Open Inference
+    Protocol it routes only /infer; readiness is read from /ping and the management API instead."""
+    import tritonclient.http as triton
+
+    model = f"/v2/models/{shared_model}"
+    for path in ("/v2/health/live", "/v2/health/ready", f"{model}/ready", model, f"/v1/models/{shared_model}"):
+        response = torchserve.session.get(f"{torchserve.inference_url}{path}", headers=torchserve.auth("inference"))
+        assert (response.status_code, response.json()["type"]) == (404, "ResourceNotFoundException"), path
+    client = triton.InferenceServerClient(url=torchserve.inference_url.removeprefix("http://"))
+    try:
+        headers = torchserve.auth("inference")
+        assert not client.is_server_live(headers=headers) and not client.is_model_ready(shared_model, headers=headers)
+    finally:
+        client.close()
+    # What to read instead: the frontend's ping, and the model's workers on the management API.
+    assert torchserve.ping().status_code == 200
+    assert torchserve.model_ready(shared_model)
