@@ -5,6 +5,7 @@ Module map (one job each), in the order a batch flows through them:
   pipeline.py         one batch: requests -> instances -> validation -> encoding -> plan -> forward -> answers
   decoding.py         request payload (bytes, forms, charsets, JSON) -> text or JSON document, torch-free
   protocols.py        the request formats: /predictions text or {"text"}, KServe v1, KServe v2 -> instances
+  binary_tensors.py   KServe v2's binary tensor extension (tritonclient's default): binary inputs read into the JSON
   instances.py        what the model classifies: a text, or a pair of texts (text, text_pair)
   validation.py       text checks that need no tokenizer, torch-free
   tokenization.py     valid texts -> token ids, with the token cap; padding into arrays

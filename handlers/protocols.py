@@ -14,7 +14,9 @@ a batch (pytorch/serve #1302, #2158).
 
 The route decides before the body does (read_request): a request that came on a KServe route is
 read as v1/v2 JSON whatever its Content-Type (tritonclient.http sends none), and a body that is
-not an envelope is refused there, never answered in the /predictions format.
+not an envelope is refused there, never answered in the /predictions format. A v2 request in the
+binary tensor extension (tritonclient's default: an `Inference-Header-Content-Length` header) has its
+binary inputs read into its JSON first (handlers/binary_tensors.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers import rejection
+from handlers.binary_tensors import HEADER_LENGTH, inline_binary_inputs, split_body
 from handlers.decoding import TEXT_FIELD, Document, decode_request, payload_content_type, payload_of, request_header
 from handlers.instances import PAIR_FIELD, Instance, TextPair
 from handlers.rejection import Rejection
@@ -86,6 +89,9 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     """
     route = route_of(headers)
     if route == ROUTE_KSERVE:
+        header_length = request_header(headers, HEADER_LENGTH)
+        if header_length is not None:
+            return _binary_envelope(item, header_length, max_bytes, max_instances)
         return parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
     name, _ = payload_of(item)
     if route == ROUTE_UNKNOWN and name is not None and not payload_content_type(headers, name).media_type:
@@ -106,6 +112,31 @@ def parse_envelope(decoded: str | Document | Rejection, max_instances: int) -> P
         return _kserve_v2(document, max_instances)
     message = 'this route takes {"instances": [...]} (v1) or {"inputs": [...]} (Open Inference Protocol)'
     return ParsedRequest(PREDICTIONS, error=rejection.malformed_request("KServe", message))
+
+
+def _binary_envelope(item: Any, header_length: str, max_bytes: int, max_instances: int) -> ParsedRequest:
+    """A v2 request in the binary tensor extension: its JSON header with the binary inputs' texts written in."""
+
+    def malformed(message: str) -> ParsedRequest:
+        return ParsedRequest(KSERVE_V2, error=rejection.malformed_request("Open Inference Protocol", message))
+
+    _, value = payload_of(item)
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        return malformed(f"{HEADER_LENGTH} was sent, but the body did not arrive as bytes")
+    raw = bytes(value)
+    if len(raw) > max_bytes:  # the limit counts what the client sent, before any decoding work
+        return ParsedRequest(KSERVE_V2, error=rejection.payload_too_large(len(raw), max_bytes))
+    parts = split_body(raw, header_length)
+    if isinstance(parts, str):
+        return malformed(parts)
+    header, binary = parts
+    decoded = decode_request({"body": header}, {"content-type": "application/json"}, max_bytes, as_json=True)
+    if isinstance(decoded, Rejection):
+        return ParsedRequest(KSERVE_V2, error=decoded)
+    document = inline_binary_inputs(decoded.value if isinstance(decoded, Document) else decoded, binary)
+    if isinstance(document, str):
+        return malformed(document)
+    return parse_envelope(Document(document), max_instances)
 
 
 # ---- reading --------------------------------------------------------------------------------------

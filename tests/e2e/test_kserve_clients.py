@@ -43,14 +43,17 @@ def _assert_instance_by_instance(labels, scores, expected: dict[str, dict]) -> N
 
 
 @pytest.mark.parametrize("content_type", CONTENT_TYPES, ids=["no-content-type", "empty", "text-plain"])
-def test_tritonclient_http_v2(torchserve, shared_model, expected, content_type):
+@pytest.mark.parametrize("binary_data", [False, True], ids=["json-tensors", "binary-tensors"])
+def test_tritonclient_http_v2(torchserve, shared_model, expected, content_type, binary_data):
+    """binary_data=True is tritonclient's default: the texts travel after the JSON header in the binary tensor
+    extension, and the client asks for its outputs that way too (the answer's JSON outputs serve it as well)."""
     import tritonclient.http as triton
 
     client = triton.InferenceServerClient(url=torchserve.inference_url.removeprefix("http://"))
     try:
         text = triton.InferInput("text", [len(TEXTS)], "BYTES")
-        text.set_data_from_numpy(np.array(TEXTS, dtype=object), binary_data=False)
-        outputs = [triton.InferRequestedOutput(name, binary_data=False) for name in ("label", "score")]
+        text.set_data_from_numpy(np.array(TEXTS, dtype=object), binary_data=binary_data)
+        outputs = [triton.InferRequestedOutput(name, binary_data=binary_data) for name in ("label", "score")]
         result = client.infer(shared_model, [text], outputs=outputs, headers=_headers(torchserve, content_type))
     finally:
         client.close()
@@ -129,3 +132,20 @@ def test_torchserve_serves_no_open_inference_health_or_metadata_route(torchserve
     # What to read instead: the frontend's ping, and the model's workers on the management API.
     assert torchserve.ping().status_code == 200
     assert torchserve.model_ready(shared_model)
+
+
+def test_tritonclient_reads_the_error_of_a_refused_instance(torchserve, shared_model):
+    """A v2 error carries `error`, the protocol's shape, so the client raises with the handler's own message."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(url=torchserve.inference_url.removeprefix("http://"))
+    try:
+        text = triton.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(np.array(["a fine stay", "   "], dtype=object))  # binary, the client's default
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(shared_model, [text], headers=torchserve.auth("inference"))
+    finally:
+        client.close()
+    assert raised.value.status() == "400"
+    assert raised.value.message() == "inputs[0].data[1]: text is empty or whitespace only"

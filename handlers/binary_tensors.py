@@ -1,0 +1,72 @@
+"""KServe v2's binary tensor extension, on the way in: the JSON header, then each input's bytes. Pure and torch-free.
+
+`tritonclient.http` sends its inputs this way by default (`set_data_from_numpy(..., binary_data=True)`): the
+body is the JSON inference request, `Inference-Header-Content-Length` bytes long, followed by the raw tensor
+data of each input that names its size in `parameters.binary_data_size`, in the order of `inputs`. A BYTES
+tensor's data is its elements one after another, each a 4-byte little-endian length and then that many bytes
+(tritonclient.utils.serialize_byte_tensor; the Open Inference Protocol's binary data extension). Here each
+such input gets its texts as a JSON `data` array, so handlers/protocols.py reads one kind of document whatever
+the client chose. Answers stay JSON, which the extension allows and tritonclient reads.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+HEADER_LENGTH = "inference-header-content-length"
+BINARY_SIZE = "binary_data_size"
+_LENGTH = struct.Struct("<I")
+
+
+def split_body(raw: bytes, header_length: str) -> tuple[bytes, bytes] | str:
+    """(JSON header, binary data) of a body whose header is `header_length` bytes long, or what is wrong."""
+    length = header_length.strip()
+    if not length.isdigit() or int(length) > len(raw):
+        return f"{HEADER_LENGTH} is {header_length!r}, not a length within the {len(raw)}-byte body"
+    return raw[: int(length)], raw[int(length) :]
+
+
+def inline_binary_inputs(document: Any, binary: bytes) -> Any | str:
+    """The request with every binary input's texts written into its `data`, or what is wrong (a message).
+
+    Inputs without `binary_data_size` keep their JSON `data`. The sizes must account for every byte sent."""
+    if not isinstance(document, Mapping) or not isinstance(document.get("inputs"), list):
+        return document  # not a v2 request: protocols.py says why
+    inputs, offset = [], 0
+    for index, tensor in enumerate(document["inputs"]):
+        parameters = tensor.get("parameters") if isinstance(tensor, Mapping) else None
+        size = parameters.get(BINARY_SIZE) if isinstance(parameters, Mapping) else None
+        if size is None:
+            inputs.append(tensor)
+            continue
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+            return f"inputs[{index}].parameters.{BINARY_SIZE} is {size!r}, past the {len(binary)} bytes of binary data"
+        if tensor.get("datatype") != "BYTES":
+            return f'inputs[{index}].datatype must be "BYTES" (texts), got {tensor.get("datatype")!r}'
+        texts = byte_elements(binary[offset : offset + size])
+        if isinstance(texts, str):
+            return f"inputs[{index}]: {texts}"
+        inputs.append({**tensor, "data": texts})
+        offset += size
+    if offset != len(binary):
+        return f"{len(binary) - offset} bytes of binary data beyond the inputs' {BINARY_SIZE}"
+    return {**document, "inputs": inputs}
+
+
+def byte_elements(blob: bytes) -> list[str] | str:
+    """A BYTES tensor's elements as texts (each length-prefixed, UTF-8), or what is wrong with the framing."""
+    texts, offset = [], 0
+    while offset < len(blob):
+        if offset + _LENGTH.size > len(blob):
+            return f"element {len(texts)} has a cut length prefix"
+        (length,) = _LENGTH.unpack_from(blob, offset)
+        start, offset = offset + _LENGTH.size, offset + _LENGTH.size + length
+        if offset > len(blob):
+            return f"element {len(texts)} says {length} bytes, past the end of the tensor's data"
+        try:
+            texts.append(blob[start:offset].decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return f"element {len(texts)} is not valid UTF-8 (byte {exc.start})"
+    return texts
