@@ -105,6 +105,7 @@ def test_sizes_that_do_not_add_up_are_refused_as_a_whole_request():
     assert 'datatype must be "BYTES"' in inline_binary_inputs(request, one)
     assert "not a length" in split_body(b"{}", "12")
     assert "not a length" in split_body(b"{}", "-1")
+    assert "not a length" in split_body(b"{}", "²")  # a digit to str.isdigit, not to int()
     for body, size in ((b"{}" + b"tail", 2), (b'{"inputs": 3}', 13)):
         parsed = read_on_the_kserve_route(body, size)
         assert parsed.error is not None and parsed.error.status == 400, body
@@ -114,3 +115,29 @@ def test_a_binary_body_over_the_size_limit_is_413_before_any_decoding():
     body, json_size = tritonclient_body({"text": ["x" * LIMIT]})
     request = read_on_the_kserve_route(body, json_size)
     assert (request.error.status, request.error.type) == (413, "PayloadTooLarge")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    header=st.one_of(st.binary(max_size=200), st.builds(lambda d: json.dumps(d).encode(), st.fixed_dictionaries({
+        "inputs": st.lists(st.fixed_dictionaries({"name": st.sampled_from(["text", "text_pair"]),
+                                                  "datatype": st.sampled_from(["BYTES", "FP32"]),
+                                                  "shape": st.lists(st.integers(-1, 4), max_size=2),
+                                                  "parameters": st.fixed_dictionaries({"binary_data_size":
+                                                      st.one_of(st.integers(-2, 40), st.text(max_size=3))})}),
+                           max_size=3)}))),
+    tail=st.binary(max_size=80),
+    length=st.one_of(st.none(), st.text(max_size=6)),
+)  # fmt: skip
+def test_any_binary_request_is_read_or_refused_with_a_4xx_never_raised(header, tail, length):
+    # `length` None: the header's true length; else any value a client might send.
+    declared = str(len(header)) if length is None else length
+    item, headers = raw_body(header + tail)
+    headers = {key: value for key, value in headers.items() if key != "url_path"}
+    headers["Inference-Header-Content-Length"] = declared
+    as_json = read_on_the_kserve_route(header + tail, None)  # the same bytes with no extension header
+    for parsed in (as_json, read_request(item, headers, LIMIT, INSTANCES)):
+        if parsed.error is not None:
+            assert 400 <= parsed.error.status < 500 and parsed.error.message
+        else:
+            assert parsed.instances and all(isinstance(i, (str, TextPair)) or i.status < 500 for i in parsed.instances)
