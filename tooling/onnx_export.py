@@ -151,7 +151,7 @@ def read_eval_tsv(path: Path, label_names: Sequence[str]) -> EvalSet:
             label, text = row[0].strip(), "\t".join(row[1:])
             if label in label_names:
                 labels.append(list(label_names).index(label))
-            elif label.isdigit() and int(label) < len(label_names):
+            elif label.isascii() and label.isdigit() and int(label) < len(label_names):
                 labels.append(int(label))
             else:
                 raise ExportFailed(f"{path}:{number}: label {label!r} is not one of {list(label_names)}")
