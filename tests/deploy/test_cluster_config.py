@@ -37,6 +37,14 @@ def test_nothing_in_the_configuration_can_turn_an_envelope_on():
     assert not any("$$" in value for value in cluster.values())
 
 
+def test_neither_configuration_turns_torchserves_open_inference_mode_on():
+    # Its gRPC ModelInfer, answered by this handler, made the frontend drop the worker (docs/calling.md); the mode
+    # is read from the property alone while enable_envvars_config is false (TS_OPEN_INFERENCE_PROTOCOL is ignored).
+    for properties in (read_properties(SERVER_CONFIG), cluster_config.cluster_properties()):
+        assert "ts_open_inference_protocol" not in properties
+        assert properties.get("enable_envvars_config", "false") == "false"
+
+
 def test_the_snapshot_loads_the_model_at_start_with_its_batching():
     cluster = cluster_config.cluster_properties(
         "clf", batch_size=16, max_batch_delay=5, workers=2, response_timeout=30, version="2.1"
