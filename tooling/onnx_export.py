@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from handlers.instances import Instance, TextPair
 from handlers.loading import LoadedModel, load_model
 from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE
 from handlers.options import HandlerOptions
@@ -66,6 +67,12 @@ EDGE_TEXTS = (
 )
 
 
+# Pairs of texts (handlers/instances.py): the second text's token types reach the graph only through these.
+EDGE_PAIRS = (
+    TextPair("is breakfast included", "Breakfast is served daily from seven and is included in every rate."),
+    TextPair("¿hay aparcamiento?", "Parking is free in the garage — 停车免费."),
+    TextPair("ok " * 300, "a second text the longest-first cut leaves whole"),
+)
 CORPUS_SAMPLE_EVERY = 4
 
 
@@ -75,6 +82,11 @@ def fixed_texts() -> list[str]:
 
     reviews = [text for _, _, text in read_examples()][::CORPUS_SAMPLE_EVERY]
     return [*EDGE_TEXTS, " ".join(EDGE_TEXTS) * 8, *reviews]
+
+
+def parity_inputs() -> list[Instance]:
+    """What parity is checked on: the fixed texts and the edge pairs."""
+    return [*fixed_texts(), *EDGE_PAIRS]
 
 
 class ExportFailed(RuntimeError):
@@ -177,7 +189,7 @@ def default_eval_set(checkpoint: Path, eval_tsv: Path | None, label_names: Seque
 # ---- running both sides -----------------------------------------------------------------------------
 
 
-def probabilities(forward: Callable, encoder: TextEncoder, texts: Sequence[str]) -> np.ndarray:
+def probabilities(forward: Callable, encoder: TextEncoder, texts: Sequence[Instance]) -> np.ndarray:
     """Class probabilities for `texts` through the handler's encode and a forward pass, CHECK_BATCH at a time."""
     from handlers.tokenization import encode
 
@@ -191,7 +203,7 @@ def _served(checkpoint: Path, onnx_dir: Path | None = None) -> LoadedModel:
     return load_model(checkpoint, HandlerOptions(), None, onnx_dir)
 
 
-def served_probabilities(model: LoadedModel, texts: Sequence[str]) -> np.ndarray:
+def served_probabilities(model: LoadedModel, texts: Sequence[Instance]) -> np.ndarray:
     return probabilities(model.forward, model.encoder, texts)
 
 
@@ -391,7 +403,7 @@ def export_checkpoint(
                 shutil.copy2(raw, export_cache)
         seconds["export"] = time.perf_counter() - started
 
-        parity_texts = fixed_texts()
+        parity_texts = parity_inputs()
         expected = served_probabilities(reference, parity_texts)
 
         def check(path: Path) -> float:
@@ -412,7 +424,8 @@ def export_checkpoint(
         started = time.perf_counter()
         packed_model = _served(checkpoint, packed.parent)
         # The fixed texts' reference is already known.
-        truth = expected if eval_set.texts == parity_texts else served_probabilities(reference, eval_set.texts)
+        known = parity_texts[: len(eval_set.texts)] == eval_set.texts  # the fixed texts lead the parity inputs
+        truth = expected[: len(eval_set.texts)] if known else served_probabilities(reference, eval_set.texts)
         candidate = served_probabilities(packed_model, eval_set.texts)
         seconds["evaluate"] = time.perf_counter() - started
         record = ExportRecord(

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from handlers.instances import TextPair
 from handlers.onnx_forward import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -31,6 +32,7 @@ from tooling.onnx_export import (
     check_parity,
     default_eval_set,
     fixed_texts,
+    parity_inputs,
     read_eval_tsv,
 )
 
@@ -97,6 +99,10 @@ def test_the_fixed_texts_cover_padding_truncation_and_breadth():
     assert max(len(t.split()) for t in texts) > 300  # over any token cap: the truncation path
     assert min(len(t.split()) for t in texts) == 1
     assert any(not t.isascii() for t in texts)
+    # Parity is also checked on pairs, the only inputs whose second text has token type 1 in the graph.
+    pairs = [item for item in parity_inputs() if isinstance(item, TextPair)]
+    assert parity_inputs()[: len(texts)] == texts and len(pairs) == len(parity_inputs()) - len(texts) >= 3
+    assert any(len(pair.text.split()) > 256 for pair in pairs)  # a pair cut longest first
 
 
 def test_the_record_in_the_graphs_metadata_round_trips_and_summarises():
