@@ -204,7 +204,7 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         data = columns[0]
     else:
         names = [tensor["name"] for tensor in inputs]
-        if sorted(names) != sorted((TEXT_FIELD, PAIR_FIELD)):
+        if not all(isinstance(name, str) for name in names) or sorted(names) != sorted((TEXT_FIELD, PAIR_FIELD)):
             return malformed(f"two input tensors must be named {TEXT_FIELD!r} and {PAIR_FIELD!r}, got {names!r}")
         if len(columns[0]) != len(columns[1]):
             return malformed(f"{TEXT_FIELD!r} has {len(columns[0])} texts and {PAIR_FIELD!r} {len(columns[1])}")

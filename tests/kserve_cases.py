@@ -26,6 +26,13 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
     ),
     ("v2 three inputs", {"inputs": [v2_input] * 3}, 400, "MalformedRequest", "expected one input tensor"),
     (
+        "v2 two inputs, one name not a string",
+        {"inputs": [v2_input, {**v2_input, "name": ["text_pair"]}]},
+        400,
+        "MalformedRequest",
+        "must be named 'text' and 'text_pair'",
+    ),
+    (
         "v2 pair columns of different lengths",
         {"inputs": [v2_input, {"name": "text_pair", "shape": [2], "datatype": "BYTES", "data": ["b", "c"]}]},
         400,
