@@ -287,3 +287,61 @@ def test_raw_bodies_with_request_headers(value, content_type, header_case):
     assert_well_formed(outcome)
     # The request header is read in any case: the outcome is that of the payload and its whole Content-Type.
     assert outcome == decode_and_validate(raw, content_type, LIMIT)
+
+
+# ---- KServe documents: any shape of v1 instances and v2 inputs ----------------------------------
+
+# Mostly well-formed tensors (BYTES, a shape that fits), so that the checks past the first ones are reached too.
+v2_tensors = st.one_of(
+    st.lists(st.text(max_size=8), min_size=1, max_size=3).flatmap(
+        lambda data: st.fixed_dictionaries(
+            {
+                "name": st.one_of(st.sampled_from(["text", "text_pair", "input"]), json_values),
+                "datatype": st.one_of(st.just("BYTES"), st.just("BYTES"), json_values),
+                "shape": st.one_of(st.just([len(data)]), st.just([len(data), 1]), json_values),
+                "data": st.one_of(st.just(data), json_values),
+            },
+            optional={"parameters": json_values},
+        )
+    ),
+    st.dictionaries(st.sampled_from(["name", "datatype", "shape", "data", "parameters"]), json_values),
+)
+kserve_documents = st.one_of(
+    st.fixed_dictionaries({"inputs": st.one_of(st.lists(st.one_of(v2_tensors, json_values), max_size=3), json_values)},
+                          optional={"id": json_values}),
+    st.fixed_dictionaries({"instances": st.one_of(st.lists(st.one_of(
+        st.text(max_size=8), st.fixed_dictionaries({"text": json_values}, optional={"text_pair": json_values}),
+        json_values), max_size=5), json_values)}),
+)  # fmt: skip
+
+
+@FUZZ
+@given(document=kserve_documents)
+def test_any_kserve_document_is_read_or_refused_never_raised(document):
+    from handlers.decoding import Document
+    from handlers.protocols import parse_envelope
+
+    request = parse_envelope(Document(document), max_instances=4)
+    if request.error is not None:
+        assert 400 <= request.error.status < 500 and request.error.message
+        return
+    assert 1 <= len(request.instances) <= 4
+    for instance in request.instances:
+        assert isinstance(instance, (str, TextPair, Rejection))
+        if isinstance(instance, Rejection):
+            assert 400 <= instance.status < 500
+
+
+@FUZZ
+@given(names=st.lists(st.one_of(st.sampled_from(["text", "text_pair"]), json_values), min_size=2, max_size=2),
+       data=st.lists(st.text(max_size=8), min_size=1, max_size=3))  # fmt: skip
+def test_two_well_formed_v2_inputs_under_any_names_are_a_pair_or_refused(names, data):
+    from handlers.decoding import Document
+    from handlers.protocols import parse_envelope
+
+    inputs = [{"name": name, "datatype": "BYTES", "shape": [len(data)], "data": data} for name in names]
+    request = parse_envelope(Document({"inputs": inputs}), max_instances=4)
+    if sorted(map(str, names)) == ["text", "text_pair"] and all(isinstance(name, str) for name in names):
+        assert request.error is None and request.instances == tuple(TextPair(t, t) for t in data)
+    else:
+        assert request.error is not None and request.error.type == "MalformedRequest"
