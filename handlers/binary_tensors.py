@@ -23,8 +23,9 @@ _LENGTH = struct.Struct("<I")
 def split_body(raw: bytes, header_length: str) -> tuple[bytes, bytes] | str:
     """(JSON header, binary data) of a body whose header is `header_length` bytes long, or what is wrong."""
     length = header_length.strip()
-    # ASCII digits only: str.isdigit also takes "²", which int() refuses.
-    if not (length.isascii() and length.isdigit()) or int(length) > len(raw):
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and no more of them than the body's
+    # own length has: int() refuses strings of over 4,300 digits.
+    if not (length.isascii() and length.isdigit()) or len(length) > len(str(len(raw))) or int(length) > len(raw):
         return f"{HEADER_LENGTH} is {header_length!r}, not a length within the {len(raw)}-byte body"
     return raw[: int(length)], raw[int(length) :]
 

@@ -204,6 +204,13 @@ def payload_content_type(headers: Mapping[str, Any] | None, name: str) -> Conten
     return ContentType(parameter.media_type, parameter.charset or request.charset)
 
 
+def _size(value: Any) -> int:
+    """The bytes a field's value was sent as (a str TorchServe already decoded: its UTF-8 length)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    return len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0
+
+
 def _without_payload(item: Any, headers: Mapping[str, Any] | None) -> Rejection:
     """Why an item with none of the payload parameters cannot be served, and what to do."""
     fields = len(item) if isinstance(item, Mapping) else 0
@@ -231,9 +238,14 @@ def decode_request(
     if as_json:
         content_type = ContentType("application/json", content_type.charset)
     decoded = _decode(value, content_type, max_bytes)
-    if name == "body" or not isinstance(decoded, str) or PAIR_FIELD not in item:
+    if name == "body" or PAIR_FIELD not in item or isinstance(decoded, Rejection):
         return decoded
     # A form (or gRPC input map) with a second text: a pair, each field decoded with its own content type.
+    if isinstance(decoded, Document):  # never read as a document with its text_pair dropped
+        return rejection.wrong_type(name, f"a JSON document beside a '{PAIR_FIELD}' field (send the text as text)")
+    size = _size(value) + _size(item[PAIR_FIELD])
+    if size > max_bytes:  # the limit is the request's, not each field's
+        return rejection.payload_too_large(size, max_bytes)
     pair = _decode(item[PAIR_FIELD], payload_content_type(headers, PAIR_FIELD), max_bytes)
     if isinstance(pair, Document):
         return rejection.wrong_type(PAIR_FIELD, "a JSON document")

@@ -57,6 +57,10 @@ class OnnxForward:
         missing = self._inputs - arrays.keys()
         if missing:
             raise OnnxBackendError(f"the ONNX graph needs inputs the tokenizer does not give: {sorted(missing)}")
+        if "token_type_ids" in arrays and "token_type_ids" not in self._inputs and arrays["token_type_ids"].any():
+            # A pair's second text is marked by token type 1 alone: a graph without the input would read it as one
+            # text and answer wrongly. Raised, bisection answers each pair 500 and the single texts as usual.
+            raise OnnxBackendError("a pair of texts needs token_type_ids, which this ONNX graph does not take")
         # Feed only what the graph declares: DistilBERT, and RoBERTa with one token type, take no token_type_ids.
         feed = {name: array for name, array in arrays.items() if name in self._inputs}
         (probabilities,) = self.session.run([self._output], feed)

@@ -27,7 +27,7 @@ from handlers.fault_isolation import run_isolating_faults
 from handlers.instances import Instance
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
-from handlers.protocols import PREDICTIONS, ParsedRequest, read_request
+from handlers.protocols import PREDICTIONS, ROUTE_KSERVE, ParsedRequest, read_request, route_of
 from handlers.rejection import Rejection
 from handlers.responses import Answer, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
@@ -77,9 +77,14 @@ def read_requests(
     for item, item_headers, deadline in zip(items, headers, deadlines):
         refused = refusal(deadline, now_ms)
         if refused is not None:
-            parsed.append(ParsedRequest(PREDICTIONS, error=refused))
+            on_kserve = route_of(item_headers) == ROUTE_KSERVE
+            parsed.append(ParsedRequest(PREDICTIONS, error=refused, kserve_route=on_kserve))
             continue
-        parsed.append(read_request(item, item_headers, options.max_bytes, options.max_instances))
+        try:
+            parsed.append(read_request(item, item_headers, options.max_bytes, options.max_instances))
+        except Exception:  # a bug in reading one request must not cost its neighbours theirs
+            logger.exception("reading request %d of the batch failed; it gets 500", len(parsed))
+            parsed.append(ParsedRequest(PREDICTIONS, error=rejection.internal_error()))
     return parsed
 
 

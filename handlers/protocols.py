@@ -22,7 +22,7 @@ binary inputs read into its JSON first (handlers/binary_tensors.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from handlers import rejection
@@ -45,10 +45,13 @@ class ParsedRequest:
     instances: tuple[Instance | Rejection, ...] = ()
     error: Rejection | None = None
     request_id: Any = None  # KServe v2 "id", echoed in the answer
+    kserve_route: bool = False  # came on a KServe route: its errors carry the protocols' `error` field too
+    text_input: int = 0  # KServe v2: the index of the input named "text" among two (pairs), for naming instances
 
     def instance_name(self, position: int) -> str:
         """How the answer names an instance: `instances[2]`, `inputs[0].data[3]`."""
-        return {KSERVE_V1: f"instances[{position}]", KSERVE_V2: f"inputs[0].data[{position}]"}.get(self.protocol, "")
+        names = {KSERVE_V1: f"instances[{position}]", KSERVE_V2: f"inputs[{self.text_input}].data[{position}]"}
+        return names.get(self.protocol, "")
 
     def first_problem(self) -> tuple[int | None, Rejection] | None:
         """The request-level error, or the first instance that cannot be served (with its position)."""
@@ -91,8 +94,10 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     if route == ROUTE_KSERVE:
         header_length = request_header(headers, HEADER_LENGTH)
         if header_length is not None:
-            return _binary_envelope(item, header_length, max_bytes, max_instances)
-        return parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+            envelope = _binary_envelope(item, header_length, max_bytes, max_instances)
+        else:
+            envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+        return replace(envelope, kserve_route=True)
     name, _ = payload_of(item)
     if route == ROUTE_UNKNOWN and name is not None and not payload_content_type(headers, name).media_type:
         envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
@@ -200,6 +205,7 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         if isinstance(column, str):
             return malformed(column)
         columns.append(column)
+    text_input = 0
     if len(inputs) == 1:
         data = columns[0]
     else:
@@ -208,12 +214,13 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
             return malformed(f"two input tensors must be named {TEXT_FIELD!r} and {PAIR_FIELD!r}, got {names!r}")
         if len(columns[0]) != len(columns[1]):
             return malformed(f"{TEXT_FIELD!r} has {len(columns[0])} texts and {PAIR_FIELD!r} {len(columns[1])}")
-        texts, pairs = columns if names[0] == TEXT_FIELD else columns[::-1]
+        text_input = names.index(TEXT_FIELD)
+        texts, pairs = columns[text_input], columns[1 - text_input]
         data = [TextPair(text, pair) for text, pair in zip(texts, pairs)]
     if len(data) > max_instances:
         error = rejection.too_many_instances(len(data), max_instances)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
-    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id)
+    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id, text_input=text_input)
 
 
 def _v2_texts(tensor: Any, index: int) -> list[str] | str:

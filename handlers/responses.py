@@ -53,14 +53,14 @@ def prediction_body(prediction: Prediction, labels: Sequence[str]) -> dict[str, 
 def error_answer(request: ParsedRequest, position: int | None, reason: Rejection) -> Answer:
     """The error answer to a request, naming the instance at `position` where the format has names.
 
-    A KServe v2 request's error also carries the message as `error`, the Open Inference Protocol's error
-    shape, which its clients read (tritonclient raises with it); the other fields are TorchServe's, as for
-    every other error."""
+    A KServe request's error (v1 or v2, or a body on a KServe route too broken to tell) also carries the
+    message as `error`, the error shape of both protocols, which their clients read (tritonclient raises with
+    it); the other fields are TorchServe's, as for every other error."""
     name = request.instance_name(position) if position is not None else ""
     if name:
         reason = replace(reason, message=f"{name}: {reason.message}")
     body = reason.body()
-    if request.protocol == KSERVE_V2:
+    if request.kserve_route or request.protocol in (KSERVE_V1, KSERVE_V2):
         body["error"] = reason.message
     return Answer(reason.status, body, reason, name)
 

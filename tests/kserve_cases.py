@@ -56,7 +56,7 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         },
         400,
         "EmptyText",
-        "inputs[0].data[1]: text_pair",
+        "inputs[1].data[1]: text_pair",  # named by the input called "text", second here
     ),
     (
         "v2 wrong datatype",

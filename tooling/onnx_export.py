@@ -137,8 +137,10 @@ class ExportRecord:
         text = (
             f"{self.model_type} {self.quantization if self.quantization != 'none' else 'fp32'}{graph}, "
             f"parity max |dp| {self.parity_max_abs_diff:.1e} on {self.parity_texts} texts; "
-            f"on {self.eval_set} ({self.eval_texts} texts): label agreement {100 * self.agreement:.1f}%, "
-            f"max |dp| {self.max_abs_diff:.1e}"
+            f"on {self.eval_set} ({self.eval_texts} texts): "
+            # A regression head has no labels: its agreement (one column's argmax) would always read 100 %.
+            + (f"label agreement {100 * self.agreement:.1f}%, " if self.scores != RAW else "")
+            + f"max |dp| {self.max_abs_diff:.1e}"
         )
         if self.accuracy_pytorch is not None and self.accuracy_onnx is not None:
             text += f", accuracy {self.accuracy_onnx:.4f} (PyTorch {self.accuracy_pytorch:.4f})"
@@ -163,7 +165,7 @@ def read_eval_tsv(path: Path, label_names: Sequence[str]) -> EvalSet:
             label, text = row[0].strip(), "\t".join(row[1:])
             if label in label_names:
                 labels.append(list(label_names).index(label))
-            elif label.isascii() and label.isdigit() and int(label) < len(label_names):
+            elif label.isascii() and label.isdigit() and len(label) < 10 and int(label) < len(label_names):
                 labels.append(int(label))
             else:
                 raise ExportFailed(f"{path}:{number}: label {label!r} is not one of {list(label_names)}")

@@ -99,6 +99,7 @@ def exported_head(head_checkpoint, tmp_path_factory):
 def test_an_exported_graph_bakes_in_the_heads_function_and_answers_as_pytorch(exported_head, tmp_path):
     head, checkpoint, exported, record = exported_head
     assert record.scores == EXPECTED_FUNCTION[head]
+    assert ("label agreement" in record.summary) == (head != "regression")  # a regression head has no labels
     model_dir = unpacked_layout(exported, tmp_path / "unpacked")
     handler = load_handler(model_dir)
     assert (handler.served.backend, handler.served.scores) == ("onnxruntime", EXPECTED_FUNCTION[head])

@@ -376,3 +376,15 @@ def test_a_text_pair_field_beside_the_text_makes_a_pair_in_forms_and_grpc():
     assert (refused.type, refused.message.split(":")[0]) == ("InvalidUTF8", "text_pair")
     as_json = decode(form({"text": b"q", "text_pair": b'{"a": 1}'}, MULTIPART, part_types={"text_pair": JSON}))
     assert (as_json.type, as_json.message) == ("WrongType", "'text_pair' must be a string, got a JSON document")
+
+
+def test_a_pair_is_never_read_as_a_document_and_counts_both_fields_against_the_limit():
+    # A text typed JSON beside text_pair would be read as a document and the pair dropped: it is refused instead.
+    refused = decode(form({"text": b'{"text": "q"}', "text_pair": b"p"}, MULTIPART, part_types={"text": JSON}))
+    assert refused.type == "WrongType" and "text_pair" in refused.message
+    half = b"x" * (LIMIT // 2 + 1)
+    too_large = decode(grpc({"text": half, "text_pair": half}))
+    assert (too_large.status, too_large.type) == (413, "PayloadTooLarge")
+    assert decode(grpc({"text": half[:-2], "text_pair": half[:-2]})) == Document(
+        {"text": half[:-2].decode(), "text_pair": half[:-2].decode()}
+    )

@@ -151,3 +151,31 @@ def test_the_token_budget_defaults_per_backend_and_device():
     assert options.for_device("cpu", "onnxruntime").max_batch_tokens == 64  # measured best for ONNX Runtime
     assert options.for_device("cuda", "onnxruntime").max_batch_tokens == CUDA_BATCH_TOKENS
     assert HandlerOptions(max_batch_tokens=300).for_device("cpu", "onnxruntime").max_batch_tokens == 300
+
+
+def test_an_onnx_graph_without_token_types_refuses_a_pass_that_holds_a_pair():
+    # A graph exported elsewhere may take no token_type_ids: single texts lose nothing, a pair would be read as one
+    # text. The pass raises, and bisection (handlers/fault_isolation.py) answers each pair alone with 500.
+    from handlers.onnx_forward import OnnxForward
+    from handlers.tokenization import Encoding
+
+    class Node:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class Session:  # ONNX Runtime's session, as far as OnnxForward asks it
+        def get_inputs(self):
+            return [Node("input_ids"), Node("attention_mask")]
+
+        def get_outputs(self):
+            return [Node("probabilities")]
+
+        def run(self, outputs, feed):
+            return [np.full((len(feed["input_ids"]), 2), 0.5, dtype=np.float32)]
+
+    forward = OnnxForward(Session(), "cpu", HandlerOptions().for_device("cpu", "onnxruntime"), 0, 512, "a graph")
+    single = Encoding({"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0]}, False)
+    pair = Encoding({"input_ids": [101, 7, 102, 8, 102], "token_type_ids": [0, 0, 0, 1, 1]}, False)
+    assert forward([single, single]).shape == (2, 2)
+    with pytest.raises(OnnxBackendError, match="needs token_type_ids"):
+        forward([single, pair])

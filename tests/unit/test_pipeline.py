@@ -299,3 +299,49 @@ def test_a_request_already_past_its_deadline_is_refused_before_its_body_is_read(
     assert [a.status for a in outcome.answers] == [503, 503, 200]
     assert {outcome.answers[i].body["type"] for i in (0, 1)} == {"DeadlineExceeded"}
     assert len(forward.passes) == 1
+
+
+# ---- a request that cannot be read -------------------------------------------------------------------
+
+
+def test_a_request_whose_reading_raises_gets_500_alone(monkeypatch):
+    """A bug in reading one request (here: the reader raising on its body) costs that request, not the batch."""
+    import handlers.pipeline as pipeline
+
+    read = pipeline.read_request
+
+    def raising_on_one(item, *args):
+        if item["body"] == b"raise":
+            raise ValueError("a reader bug")
+        return read(item, *args)
+
+    monkeypatch.setattr(pipeline, "read_request", raising_on_one)
+    model, _ = make_model()
+    outcome = run(model, text("first"), text("raise"), text("third"))
+    assert [a.status for a in outcome.answers] == [200, 500, 200]
+    assert outcome.answers[1].body["type"] == "InternalError"
+
+
+def test_a_binary_header_length_of_thousands_of_digits_is_refused_alone():
+    # int() refuses strings of over 4,300 digits: the length is checked against the body's before converting.
+    kserve = {"explain": "False"}  # the route TorchServe records for /v1 and /v2
+    huge = ({"body": b'{"inputs": []}'}, {**kserve, "Inference-Header-Content-Length": "9" * 5000})
+    model, _ = make_model()
+    outcome = run(model, text("first"), huge, text("third"))
+    assert [a.status for a in outcome.answers] == [200, 400, 200]
+    assert outcome.answers[1].body["type"] == "MalformedRequest" and "error" in outcome.answers[1].body
+
+
+def test_every_error_on_a_kserve_route_carries_the_protocols_error_field(monkeypatch):
+    kserve = {"explain": "False"}
+    past = str(int(1000 * (time.time() - 5)))
+    broken = ({"body": b"{not json"}, kserve)  # too broken to tell v1 from v2
+    late = ({"body": json.dumps({"instances": ["a"]}).encode()}, {**kserve, "X-Request-Deadline": past})
+    v1_empty = ({"body": json.dumps({"instances": [" "]}).encode()}, kserve)
+    plain_late = with_deadline("a text", time.time() - 5)
+    model, _ = make_model()
+    answers = run(model, broken, late, v1_empty, plain_late, text("")).answers
+    assert [a.status for a in answers] == [400, 503, 400, 503, 400]
+    for answer in answers[:3]:
+        assert answer.body["error"] == answer.body["message"], answer.body
+    assert all("error" not in answer.body for answer in answers[3:])  # /predictions keeps TorchServe's shape
