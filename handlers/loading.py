@@ -87,7 +87,8 @@ def load_model(
     if backend == "onnxruntime":
         # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
         options = options.for_device("cuda" if gpu_id is not None else "cpu", backend)
-        forward = load_onnx_forward(onnx_dir, options, gpu_id, pad_token_id, token_limit, scores)
+        token_types = getattr(config, "type_vocab_size", 0) >= 2  # BERT's segments; DistilBERT has none, RoBERTa one
+        forward = load_onnx_forward(onnx_dir, options, gpu_id, pad_token_id, token_limit, scores, token_types)
     else:
         from handlers.torch_forward import load_torch_forward, select_device
 

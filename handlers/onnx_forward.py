@@ -41,8 +41,11 @@ class OnnxForward:
     """One ONNX Runtime session, created once at load; called once per micro-batch."""
 
     def __init__(self, session, device_type: str, options: HandlerOptions, pad_token_id: int, token_limit: int,
-                 description: str) -> None:  # fmt: skip
+                 description: str, token_types: bool = False) -> None:  # fmt: skip
         self.session = session
+        # The model embeds token types (BERT: type_vocab_size >= 2), so a graph without the input loses a pair's
+        # second text; DistilBERT and RoBERTa have no types to lose, and read a pair by its separator alone.
+        self._pairs_need_types = token_types and "token_type_ids" not in {i.name for i in session.get_inputs()}
         self.device_type = device_type
         self.description = description
         self._options = options
@@ -57,7 +60,7 @@ class OnnxForward:
         missing = self._inputs - arrays.keys()
         if missing:
             raise OnnxBackendError(f"the ONNX graph needs inputs the tokenizer does not give: {sorted(missing)}")
-        if "token_type_ids" in arrays and "token_type_ids" not in self._inputs and arrays["token_type_ids"].any():
+        if self._pairs_need_types and "token_type_ids" in arrays and arrays["token_type_ids"].any():
             # A pair's second text is marked by token type 1 alone: a graph without the input would read it as one
             # text and answer wrongly. Raised, bisection answers each pair 500 and the single texts as usual.
             raise OnnxBackendError("a pair of texts needs token_type_ids, which this ONNX graph does not take")
@@ -142,10 +145,11 @@ def graph_score_function(record: dict) -> str | None:
 
 def load_onnx_forward(
     model_dir: Path, options: HandlerOptions, gpu_id: int | None, pad_token_id: int, token_limit: int,
-    scores: str = SOFTMAX,
+    scores: str = SOFTMAX, token_types: bool = False,
 ) -> OnnxForward:  # fmt: skip
     """The session for `<model_dir>/model.onnx`, created once; raises OnnxBackendError where it cannot run.
-    `scores`: the function the checkpoint's config asks for (handlers/scores.py), which the graph must have baked."""
+    `scores`: the function the checkpoint's config asks for (handlers/scores.py), which the graph must have baked.
+    `token_types`: the model embeds token types, so pairs need the graph to take token_type_ids."""
     import onnxruntime as ort
 
     device_type, providers = providers_for(gpu_id, ort.get_available_providers())
@@ -162,4 +166,4 @@ def load_onnx_forward(
             "(scripts/archive_model.py --backend onnx) or archive it with --backend pytorch"
         )
     description = describe(session, device_type, settings, options, record)
-    return OnnxForward(session, device_type, options, pad_token_id, token_limit, description)
+    return OnnxForward(session, device_type, options, pad_token_id, token_limit, description, token_types)

@@ -173,9 +173,12 @@ def test_an_onnx_graph_without_token_types_refuses_a_pass_that_holds_a_pair():
         def run(self, outputs, feed):
             return [np.full((len(feed["input_ids"]), 2), 0.5, dtype=np.float32)]
 
-    forward = OnnxForward(Session(), "cpu", HandlerOptions().for_device("cpu", "onnxruntime"), 0, 512, "a graph")
+    options = HandlerOptions().for_device("cpu", "onnxruntime")
+    forward = OnnxForward(Session(), "cpu", options, 0, 512, "a graph", token_types=True)
     single = Encoding({"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0]}, False)
     pair = Encoding({"input_ids": [101, 7, 102, 8, 102], "token_type_ids": [0, 0, 0, 1, 1]}, False)
     assert forward([single, single]).shape == (2, 2)
     with pytest.raises(OnnxBackendError, match="needs token_type_ids"):
         forward([single, pair])
+    # A model without token types (DistilBERT, RoBERTa) reads a pair by its separator: nothing is lost.
+    assert OnnxForward(Session(), "cpu", options, 0, 512, "a graph")([single, pair]).shape == (2, 2)
