@@ -43,9 +43,6 @@ class OnnxForward:
     def __init__(self, session, device_type: str, options: HandlerOptions, pad_token_id: int, token_limit: int,
                  description: str, token_types: bool = False) -> None:  # fmt: skip
         self.session = session
-        # The model embeds token types (BERT: type_vocab_size >= 2), so a graph without the input loses a pair's
-        # second text; DistilBERT and RoBERTa have no types to lose, and read a pair by its separator alone.
-        self._pairs_need_types = token_types and "token_type_ids" not in {i.name for i in session.get_inputs()}
         self.device_type = device_type
         self.description = description
         self._options = options
@@ -53,6 +50,9 @@ class OnnxForward:
         self._token_limit = token_limit
         self._inputs = frozenset(i.name for i in session.get_inputs())
         self._output = session.get_outputs()[0].name
+        # The model embeds token types (BERT: type_vocab_size >= 2), so a graph without the input loses a pair's
+        # second text; DistilBERT and RoBERTa have no types to lose, and read a pair by its separator alone.
+        self._pairs_need_types = token_types and "token_type_ids" not in self._inputs
 
     def __call__(self, encodings: Sequence[Encoding]) -> np.ndarray:
         """Float32 scores (handlers/scores.py), one row per encoding, in order."""
