@@ -141,19 +141,15 @@ def _parse_json(text: str) -> Any | Rejection:
 def _decode(value: Any, content_type: ContentType, max_bytes: int) -> str | Document | Rejection:
     if value is None:
         return rejection.empty_text()
+    # The limit applies to the bytes the client sent, before any decoding work.
+    if _size(value) > max_bytes:
+        return rejection.payload_too_large(_size(value), max_bytes)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value)
-        # The limit applies to the bytes the client sent, before any decoding work.
-        if len(raw) > max_bytes:
-            return rejection.payload_too_large(len(raw), max_bytes)
-        text = _decode_text(raw, content_type.charset)
+        text = _decode_text(bytes(value), content_type.charset)
         if isinstance(text, Rejection):
             return text
     elif isinstance(value, str):
         # Already decoded by TorchServe: text/*, or JSON its own parser gave up on.
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if size > max_bytes:
-            return rejection.payload_too_large(size, max_bytes)
         text = value.removeprefix(BOM)
     else:
         # Already parsed by TorchServe (application/json): a dict, list, number ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -89,3 +90,17 @@ def server_from_layout(workdir: Path, root: Path, config: Path):
     return TorchServe(
         workdir, root / MODEL_STORE_DIR, overrides={"metrics_config": generated["metrics_config"]}, base=generated
     )
+
+
+def run_transformers_pipeline(checkpoint, inputs: list, **call_options) -> list:
+    """transformers' own text-classification pipeline on `inputs` (texts, or {"text", "text_pair"} dicts): the
+    reference the handler's answers are checked against, with its default function_to_apply."""
+    from unittest import mock
+
+    from transformers import pipeline
+
+    # The pipeline sets TOKENIZERS_PARALLELISM=false in this process's environment, which later tests' subprocesses
+    # would inherit (tests/inprocess/test_tokenizer_threads.py counts the tokenizer's threads): put it back after.
+    with mock.patch.dict(os.environ):
+        classify = pipeline("text-classification", model=str(checkpoint), tokenizer=str(checkpoint), device="cpu")
+        return classify(inputs, **call_options)

@@ -10,9 +10,7 @@ through PyTorch in-process, through an exported ONNX graph, and through a real T
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ import pytest
 from handlers.loading import load_model
 from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE, OnnxBackendError
 from handlers.options import HandlerOptions
-from tests.support import statuses
+from tests.support import run_transformers_pipeline, statuses
 from tooling.checkpoints import HEADS, build_random_classifier
 from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
@@ -44,13 +42,10 @@ def head_checkpoint(request, tmp_path_factory):
 
 def pipeline_scores(checkpoint, texts: list[str]) -> list[dict[str, float]]:
     """transformers' text-classification pipeline, every label's score, its own function_to_apply by default."""
-    from transformers import pipeline
-
-    # The pipeline sets TOKENIZERS_PARALLELISM=false in this process's environment, which later tests' subprocesses
-    # would inherit (tests/inprocess/test_tokenizer_threads.py counts the tokenizer's threads): put it back after.
-    with mock.patch.dict(os.environ):
-        classify = pipeline("text-classification", model=str(checkpoint), tokenizer=str(checkpoint), device="cpu")
-        return [{row["label"]: row["score"] for row in rows} for rows in classify(texts, top_k=None)]
+    return [
+        {row["label"]: row["score"] for row in rows}
+        for rows in run_transformers_pipeline(checkpoint, texts, top_k=None)
+    ]
 
 
 def handler_answers(handler, model_dir, texts: list[str]) -> list[dict]:

@@ -8,13 +8,11 @@ through the handler in-process and through a real TorchServe (`/predictions` and
 from __future__ import annotations
 
 import json
-import os
-from unittest import mock
 
 import numpy as np
 import pytest
 
-from tests.support import JSON, TEXT, statuses
+from tests.support import JSON, TEXT, run_transformers_pipeline, statuses
 from tooling.checkpoints import build_random_classifier, build_random_family_classifier
 from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
 
@@ -39,12 +37,8 @@ def cross_encoder(tmp_path_factory):
 def pipeline_pair_scores(checkpoint, pairs: list[tuple[str, str]]) -> list[float]:
     """transformers' text-classification pipeline on {"text", "text_pair"} inputs, cut longest first at the handler's
     cap of 256 tokens."""
-    from transformers import pipeline
-
-    with mock.patch.dict(os.environ):  # the pipeline sets TOKENIZERS_PARALLELISM in the environment
-        classify = pipeline("text-classification", model=str(checkpoint), tokenizer=str(checkpoint), device="cpu")
-        rows = classify([{"text": a, "text_pair": b} for a, b in pairs], truncation=True, max_length=256)
-    return [row["score"] for row in rows]
+    inputs = [{"text": a, "text_pair": b} for a, b in pairs]
+    return [row["score"] for row in run_transformers_pipeline(checkpoint, inputs, truncation=True, max_length=256)]
 
 
 def test_pairs_in_every_format_are_answered_as_the_pipeline_answers_them_beside_single_texts(cross_encoder):
