@@ -12,3 +12,4 @@ METRICS_CONFIG = REPO / "metrics.yaml"
 MODEL_CONFIG = REPO / "model-config.yaml"
 MODEL_STORE = REPO / "model_store"
 DEMO_MODEL = REPO / "build" / "demo-model"
+REVIEW = REPO / "review.txt"  # README command 1's sample text; also update_model's default probe

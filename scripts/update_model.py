@@ -1,0 +1,77 @@
+"""Serve a new archive under a running model's name without failing a request (tooling/model_update.py).
+
+    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name bert --version 2.0   # -> model_store/bert.mar
+    .venv/bin/python -m scripts.update_model model_store/bert.mar                             # bert 1.0 -> 2.0
+
+The archive must be in the server's model store and carry a version the model does not have yet. The
+new version gets the running one's batch size, delay and workers, answers one probe request, becomes
+the default, and the old version is unregistered once it has finished what it holds. On any failure
+before the switch the old version goes on serving, unchanged. Written over the old file, as above, the
+archive is also what scripts/serve.sh registers after a restart. The defaults reach the server
+scripts/serve.sh started; --config and --key-file reach another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import requests
+
+from tooling.model_update import Server, UpdateFailed, archive_identity, update_model
+from tooling.paths import REPO, REVIEW
+from tooling.torchserve import load_failure_cause
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("archive", type=Path, help="the new .mar, in the server's model store")
+    parser.add_argument("--model", help="the served model's name (default: the name in the archive's manifest)")
+    parser.add_argument("--probe", type=Path, default=REVIEW, help="a text file the new version must answer (200)")
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        help="wait after the old version's queue is empty (default: its responseTimeout); a batch it still "
+        "runs when the wait ends fails",
+    )
+    parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
+    parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
+    parser.add_argument("--log", type=Path, default=REPO / "logs" / "model_log.log", help="the workers' log")
+    args = parser.parse_args(argv)
+    if not args.archive.is_file():
+        parser.error(f"{args.archive} is not a file")
+    if not args.config.is_file():
+        parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
+    name, version = archive_identity(args.archive)
+
+    def explain() -> str | None:
+        return load_failure_cause(args.log.read_text(errors="replace")) if args.log.is_file() else None
+
+    try:
+        server = Server.from_files(args.config, args.key_file)
+    except OSError as error:
+        print(f"update_model: {error}: is the server running? (scripts/serve.sh starts it)", file=sys.stderr)
+        return 1
+    try:
+        update_model(
+            server,
+            args.model or name,
+            args.archive.name,
+            version,
+            args.probe.read_bytes(),
+            grace_s=args.grace_seconds,
+            explain_load_failure=explain,
+        )
+    except UpdateFailed as failed:
+        print(f"update_model: {failed}", file=sys.stderr)
+        return 1
+    except requests.RequestException as error:
+        where = f"GET /models/{args.model or name}/all shows where the update stopped"
+        print(f"update_model: the server did not answer ({error}); {where}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""scripts/update_model.py on a real TorchServe: a new archive takes over a model's name under load with
+no request failed, one that cannot serve leaves the old version serving, and TorchServe's own recipe
+(register, set-default, unregister at once) fails a batch in flight, which is why the drain exists.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from tooling.archiving import build_archive, write_model_config
+from tooling.checkpoints import HEADS, build_random_classifier
+from tooling.corpus import LABELS
+from tooling.paths import REPO
+from tooling.torchserve import TorchServe
+
+pytestmark = pytest.mark.e2e
+
+SLOW = "slow"  # the test-only fault hook: a batch holding this word stalls STALL_S
+STALL_S = 1.5
+RESPONSE_TIMEOUT_S = 4  # the old version's drain waits this long after its queue empties: more than STALL_S
+NEW_LABELS = set(HEADS["multi-label"]["id2label"].values())
+
+
+@pytest.fixture(scope="module")
+def archives(tiny_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    """Archives outside the server's store, copied in by each test under the file name it needs."""
+    out = tmp_path_factory.mktemp("update-archives")
+    config = tmp_path_factory.mktemp("update-config")
+    old_config = write_model_config(
+        config / "old.yaml", {"responseTimeout": RESPONSE_TIMEOUT_S}, fault_marker=SLOW, fault_delay_s=STALL_S
+    )
+    bad_config = write_model_config(config / "bad.yaml", None, max_length="long")
+    failing_config = write_model_config(config / "failing.yaml", None, fault_marker="clean", fault_kind="error")
+    multi_label = build_random_classifier(out / "multi-label", "tiny", seed=1, head="multi-label")
+    return {
+        "old": build_archive(tiny_checkpoint, "old", out / "old", old_config, version="1.0"),
+        "new": build_archive(multi_label, "new", out / "new", version="2.0"),
+        "bad": build_archive(tiny_checkpoint, "bad", out / "bad", bad_config, version="3.0"),  # fails to load
+        "failing": build_archive(tiny_checkpoint, "failing", out / "failing", failing_config, version="4.0"),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with TorchServe(tmp_path_factory.mktemp("update-server"), tmp_path_factory.mktemp("update-store")) as ts:
+        yield ts
+
+
+def install(server: TorchServe, archive: Path, file_name: str) -> Path:
+    """Put `archive` into the server's store as `file_name`, over what is there (the guide's workflow)."""
+    target = server.model_store / file_name
+    shutil.copyfile(archive, target)
+    return target
+
+
+def register_old(server: TorchServe, archives: dict[str, Path], model: str) -> None:
+    install(server, archives["old"], f"{model}.mar")
+    response = server.register(f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=2, model_name=model)
+    assert response.status_code == 200, response.text
+
+
+def run_update(server: TorchServe, archive: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "scripts.update_model", str(archive), *extra]
+    command += ["--config", str(server.config_path), "--key-file", str(server.workdir / "key_file.json")]
+    command += ["--log", str(server.log_dir / "model_log.log")]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def versions(server: TorchServe, model: str) -> list[dict]:
+    return server.describe(f"{model}/all")
+
+
+def predict_label(server: TorchServe, model: str, text: str, timeout: float = 30.0) -> tuple[int, str | None]:
+    try:
+        response = server.predict(model, text, timeout=timeout)
+    except requests.RequestException as error:
+        return 0, type(error).__name__
+    return response.status_code, response.json().get("label") if response.status_code == 200 else response.text
+
+
+def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archives):
+    model = "swap"
+    register_old(server, archives, model)
+    stop = threading.Event()
+    answers: list[tuple[int, str | None]] = []
+    stalled: list[tuple[int, str | None]] = []
+
+    def client(index: int) -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+            answers.append(predict_label(server, model, f"client {index} request {count}: the room was clean"))
+
+    def stalling_client() -> None:
+        # Keeps an old worker busy with a stalled batch almost all the time, so one is in flight at the
+        # switch: the drain must let it finish. The new archive has no fault hook and answers at once.
+        while not stop.is_set():
+            stalled.append(predict_label(server, model, f"a {SLOW} one that was held up"))
+
+    with ThreadPoolExecutor(max_workers=7) as pool:
+        clients = [pool.submit(client, index) for index in range(6)] + [pool.submit(stalling_client)]
+        time.sleep(1.0)
+        archive = install(server, archives["new"], f"{model}.mar")
+        update = run_update(server, archive, "--model", model)
+        time.sleep(1.0)
+        stop.set()
+        for future in clients:
+            future.result()
+
+    assert update.returncode == 0, update.stderr
+    assert "answered the probe" in update.stdout and "unregistered" in update.stdout, update.stdout
+    failed = [answer for answer in answers + stalled if answer[0] != 200]
+    assert not failed, f"{len(failed)} of {len(answers) + len(stalled)} requests failed during the update: {failed[:5]}"
+    labels = [label for _, label in answers]
+    assert labels[0] in LABELS and labels[-1] in NEW_LABELS, (labels[:3], labels[-3:])
+    assert stalled[0][1] in LABELS and stalled[-1][1] in NEW_LABELS, stalled
+    [served] = versions(server, model)
+    assert served["modelVersion"] == "2.0"
+    assert (served["batchSize"], served["maxBatchDelay"], served["minWorkers"]) == (8, 20, 2)
+    assert len(served["workers"]) == 2 and all(worker["status"] == "READY" for worker in served["workers"])
+
+
+def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives):
+    """Pins TorchServe 0.12: unregistering a version right after the switch fails the batch it runs."""
+    model = "naive"
+    register_old(server, archives, model)
+    install(server, archives["new"], "naive-2.mar")
+    assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        stalled = pool.submit(predict_label, server, model, f"a {SLOW} one that was held up", 20.0)
+        time.sleep(0.3)  # long enough to reach a worker, well short of STALL_S
+        management = f"{server.management_url}/models/{model}"
+        headers = server.auth("management")
+        assert requests.put(f"{management}/2.0/set-default", headers=headers, timeout=10).status_code == 200
+        assert requests.delete(f"{management}/1.0", headers=headers, timeout=60).status_code == 200
+        status, _ = stalled.result()
+    assert status != 200, "TorchServe now finishes a batch in flight before unregistering: the drain may be simpler"
+
+
+def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, archives, tmp_path):
+    model = "rollback"
+    register_old(server, archives, model)
+    bad = install(server, archives["bad"], "rollback-3.mar")
+    update = run_update(server, bad, "--model", model)
+    assert update.returncode == 1
+    assert "still serves, unchanged" in update.stderr and "max_length" in update.stderr, update.stderr
+    assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
+
+    # Loads, but fails the probe (its fault hook fails every text with "clean" in it).
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    failing = install(server, archives["failing"], "rollback-4.mar")
+    update = run_update(server, failing, "--model", model, "--probe", str(probe))
+    assert update.returncode == 1
+    assert "answered the probe with HTTP 500" in update.stderr and "still serves" in update.stderr, update.stderr
+    assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
+    assert predict_label(server, model, "the room was clean")[0] == 200
+
+    again = run_update(server, install(server, archives["old"], "rollback-1.mar"), "--model", model)
+    assert again.returncode == 1 and "already has a version 1.0" in again.stderr, again.stderr
+    assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
