@@ -54,16 +54,29 @@ print(cause(open(sys.argv[1], errors="replace").read()) or "")' logs/model_log.l
   fi
 }
 
-key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.json'))[sys.argv[1]]['key'])" "$1"; }
-ping_ok() { [ -f key_file.json ] && curl -fsS -o /dev/null -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null; }
+key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.json'))[sys.argv[1]][sys.argv[2]])" "$1" "${2:-key}"; }
+# /ping's status with the inference key: 200; 400 once TorchServe's keys have expired (token_expiration_min,
+# 60 minutes after they were issued); 000 when nothing answers.
+ping_status() {
+  if [ -f key_file.json ]; then
+    curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null || true
+  else
+    echo 000
+  fi
+}
 
-if ping_ok; then
+status=$(ping_status)
+if [ "$status" = 200 ]; then
   echo "==> TorchServe is already running"
+elif [ "$status" != 000 ]; then
+  echo "==> TorchServe is already running, but refused its inference key (HTTP $status: keys expire): new keys"
+  .venv/bin/python -m scripts.rotate_keys
+  [ "$(ping_status)" = 200 ] || { echo "TorchServe still refuses the new key; see logs/ts_log.log" >&2; exit 1; }
 else
   echo "==> starting TorchServe (logs in logs/)"
   .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store >logs/console.log 2>&1
-  for _ in $(seq 1 120); do ping_ok && break; sleep 1; done
-  ping_ok || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
+  for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] && break; sleep 1; done
+  [ "$(ping_status)" = 200 ] || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
 fi
 MKEY=$(key management)
 IKEY=$(key inference)
@@ -96,4 +109,5 @@ Ready. Try:
   curl -H "Authorization: Bearer $IKEY" $INFERENCE/predictions/$MODEL_NAME -T review.txt
   curl -H "Authorization: Bearer $IKEY" -H "Content-Type: application/json" -d '{"text": "The staff were rude and the room was dirty."}' $INFERENCE/predictions/$MODEL_NAME
 Metrics: curl $METRICS/metrics        Stop: scripts/stop.sh
+Keys expire $(key inference "expiration time"): .venv/bin/python -m scripts.rotate_keys issues new ones
 MSG

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import requests
 
-from tooling.model_update import Server, UpdateFailed, archive_identity, update_model
+from tooling.model_update import UpdateFailed, archive_identity, update_model
 from tooling.paths import REPO, REVIEW
-from tooling.torchserve import load_failure_cause
+from tooling.torchserve import RunningServer, load_failure_cause
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return load_failure_cause(args.log.read_text(errors="replace")) if args.log.is_file() else None
 
     try:
-        server = Server.from_files(args.config, args.key_file)
+        server = RunningServer.from_files(args.config, args.key_file)
     except OSError as error:
-        print(f"update_model: {error}: is the server running? (scripts/serve.sh starts it)", file=sys.stderr)
+        print(f"update_model: {error}", file=sys.stderr)
         return 1
     try:
         update_model(

@@ -30,32 +30,11 @@ from pathlib import Path
 
 import requests
 
-from tooling.torchserve import read_properties
+from tooling.torchserve import RunningServer, key_refused
 
 
 class UpdateFailed(Exception):
     """The update stopped; the message says where, and what still serves."""
-
-
-@dataclass(frozen=True)
-class Server:
-    """How to reach a running TorchServe: its three HTTP addresses and, with token authorization, its keys."""
-
-    inference_url: str
-    management_url: str
-    keys: dict[str, str] | None  # None: the server runs without token authorization
-
-    @classmethod
-    def from_files(cls, config: Path, key_file: Path) -> Server:
-        """From the server's config.properties and the key_file.json it wrote where it started."""
-        properties = read_properties(config)
-        keys = None
-        if properties.get("disable_token_authorization", "false").lower() != "true":
-            keys = {name: entry["key"] for name, entry in json.loads(key_file.read_text()).items()}
-        return cls(properties["inference_address"], properties["management_address"], keys)
-
-    def headers(self, api: str) -> dict[str, str]:
-        return {} if self.keys is None else {"Authorization": f"Bearer {self.keys[api]}"}
 
 
 @dataclass(frozen=True)
@@ -96,43 +75,59 @@ class Update:
 
 
 class _Management:
-    """The management calls an update makes, for one model."""
+    """The management calls an update makes, for one model; the key is read at each call (it may rotate)."""
 
-    def __init__(self, server: Server, model: str) -> None:
+    def __init__(self, server: RunningServer, model: str) -> None:
         self.server = server
         self.model = model
         self.session = requests.Session()
-        self.session.headers.update(server.headers("management"))
+
+    def _call(self, method: str, path: str, timeout: float, **params) -> requests.Response:
+        response = self.session.request(
+            method,
+            f"{self.server.management_url}/{path}",
+            params=params or None,
+            headers=self.server.headers("management"),
+            timeout=timeout,
+        )
+        if key_refused(response):
+            raise UpdateFailed(
+                f"the management key in {self.server.key_file} was refused: keys expire token_expiration_min "
+                "(60) minutes after they are issued; python -m scripts.rotate_keys issues new ones"
+            )
+        return response
 
     def describe(self, version: str | None = None) -> ServedVersion:
         path = self.model if version is None else f"{self.model}/{version}"
-        response = self.session.get(f"{self.server.management_url}/models/{path}", timeout=10)
+        response = self._call("GET", f"models/{path}", 10)
         if response.status_code == 404:
             raise UpdateFailed(f"{path} is not registered on {self.server.management_url}")
         response.raise_for_status()
         return ServedVersion.from_description(response.json()[0])
 
     def versions(self) -> list[str]:
-        response = self.session.get(f"{self.server.management_url}/models/{self.model}/all", timeout=10)
+        response = self._call("GET", f"models/{self.model}/all", 10)
         response.raise_for_status()
         return [described["modelVersion"] for described in response.json()]
 
     def register(self, archive: str, like: ServedVersion, timeout: float) -> requests.Response:
-        params = {
-            "url": archive,
-            "model_name": self.model,
-            "batch_size": like.batch_size,
-            "max_batch_delay": like.max_batch_delay,
-            "initial_workers": like.workers,
-            "synchronous": "true",
-        }
-        return self.session.post(f"{self.server.management_url}/models", params=params, timeout=timeout)
+        return self._call(
+            "POST",
+            "models",
+            timeout,
+            url=archive,
+            model_name=self.model,
+            batch_size=like.batch_size,
+            max_batch_delay=like.max_batch_delay,
+            initial_workers=like.workers,
+            synchronous="true",
+        )
 
     def set_default(self, version: str) -> requests.Response:
-        return self.session.put(f"{self.server.management_url}/models/{self.model}/{version}/set-default", timeout=10)
+        return self._call("PUT", f"models/{self.model}/{version}/set-default", 10)
 
     def unregister(self, version: str, timeout: float) -> requests.Response:
-        return self.session.delete(f"{self.server.management_url}/models/{self.model}/{version}", timeout=timeout)
+        return self._call("DELETE", f"models/{self.model}/{version}", timeout)
 
 
 def _message(response: requests.Response) -> str:
@@ -143,7 +138,7 @@ def _message(response: requests.Response) -> str:
         return response.text.strip()[:300]
 
 
-def _probe(server: Server, model: str, version: str, body: bytes) -> tuple[int, str]:
+def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tuple[int, str]:
     """One request to `version` by name: its status and body (status 0 and the error when none came)."""
     try:
         answer = requests.post(
@@ -158,7 +153,7 @@ def _probe(server: Server, model: str, version: str, body: bytes) -> tuple[int, 
 
 
 def update_model(
-    server: Server,
+    server: RunningServer,
     model: str,
     archive: str,
     version: str,

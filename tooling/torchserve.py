@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -92,6 +93,43 @@ def read_properties(path: Path) -> dict[str, str]:
             key, value = line.split("=", 1)
             properties[key.strip()] = value.strip()
     return properties
+
+
+# TorchServe 0.12's answer (HTTP 400) to a key that is wrong or has expired: keys last token_expiration_min
+# minutes (60 unless config.properties says otherwise) and only the API key, which never expires, issues new ones.
+KEY_REFUSED = "InvalidKeyException"
+
+
+def key_refused(response: requests.Response) -> bool:
+    return response.status_code in (400, 401) and KEY_REFUSED in response.text
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A TorchServe started elsewhere (scripts/serve.sh, a service manager): its addresses from its
+    config.properties, and its keys from the key_file.json it wrote where it started, read at each call
+    because they rotate."""
+
+    inference_url: str
+    management_url: str
+    key_file: Path | None  # None: the server runs without token authorization
+
+    @classmethod
+    def from_files(cls, config: Path, key_file: Path) -> RunningServer:
+        properties = read_properties(config)
+        token_auth = properties.get("disable_token_authorization", "false").lower() != "true"
+        if token_auth and not key_file.is_file():
+            raise FileNotFoundError(f"{key_file} is not there: is the server running? (scripts/serve.sh starts it)")
+        return cls(properties["inference_address"], properties["management_address"], key_file if token_auth else None)
+
+    def key_entries(self) -> dict[str, dict[str, str]]:
+        """key_file.json: {"inference": {"key", "expiration time"}, "management": {...}, "API": {"key"}}."""
+        return {} if self.key_file is None else json.loads(self.key_file.read_text())
+
+    def headers(self, api: str) -> dict[str, str]:
+        if self.key_file is None:
+            return {}
+        return {"Authorization": f"Bearer {self.key_entries()[api]['key']}"}
 
 
 def default_workers() -> int:

@@ -1,0 +1,60 @@
+"""Issue new inference and management keys for a running TorchServe, before or after the old ones expire.
+
+    .venv/bin/python -m scripts.rotate_keys                 # both keys of the server scripts/serve.sh started
+    */50 * * * * cd /path/to/checkout && .venv/bin/python -m scripts.rotate_keys    # crontab: keys never lapse
+
+TorchServe's keys expire token_expiration_min minutes (60 unless config.properties says otherwise) after
+they are issued; from then on every call with them, /ping included, is refused (400 InvalidKeyException).
+The API key in key_file.json never expires and is what issues new ones: TorchServe rewrites key_file.json,
+and the old key stops working at once, so clients read the key from the file (the README's curl does).
+scripts/serve.sh does this itself when it finds its server's keys expired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import requests
+
+from tooling.paths import REPO
+from tooling.torchserve import RunningServer
+
+KINDS = ("inference", "management")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=KINDS, help="rotate this key alone (default: both)")
+    parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
+    parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
+    args = parser.parse_args(argv)
+    try:
+        server = RunningServer.from_files(args.config, args.key_file)
+    except OSError as error:
+        print(f"rotate_keys: {error}", file=sys.stderr)
+        return 1
+    if server.key_file is None:
+        print("rotate_keys: this server runs without token authorization: there are no keys to rotate")
+        return 0
+    for kind in (args.only,) if args.only else KINDS:
+        try:
+            answer = requests.post(
+                f"{server.management_url}/token", params={"type": kind}, headers=server.headers("API"), timeout=10
+            )
+        except requests.RequestException as error:
+            print(f"rotate_keys: the server did not answer ({error})", file=sys.stderr)
+            return 1
+        if answer.status_code != 200:
+            print(
+                f"rotate_keys: the {kind} key was not rotated (HTTP {answer.status_code}: {answer.text.strip()})",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{kind} key rotated; it expires {server.key_entries()[kind]['expiration time']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
