@@ -27,10 +27,10 @@ from tooling.cluster_config import (
     GPU_BATCH_SIZE,
     GPU_MAX_BATCH_DELAY_MS,
     GPU_WORKERS_PER_GPU,
-    NotAnArchive,
     build_kserve_layout,
 )
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
+from tooling.model_archive import NotAnArchive
 
 # Where the InferenceService's storageUri is set: the CPU one, and the GPU variants' shared component.
 STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"

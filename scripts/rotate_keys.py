@@ -1,12 +1,12 @@
 """Issue new inference and management keys for a running TorchServe, before or after the old ones expire.
 
     .venv/bin/python -m scripts.rotate_keys                 # both keys of the server scripts/serve.sh started
-    */50 * * * * cd /path/to/checkout && .venv/bin/python -m scripts.rotate_keys    # crontab: keys never lapse
+    */30 * * * * cd /path/to/checkout && .venv/bin/python -m scripts.rotate_keys    # crontab: keys never lapse
 
 TorchServe's keys expire token_expiration_min minutes (60 unless config.properties says otherwise) after
 they are issued; from then on every call with them, /ping included, is refused (400 InvalidKeyException).
 The API key in key_file.json never expires and is what issues new ones: TorchServe rewrites key_file.json,
-and the old key stops working at once, so clients read the key from the file (the README's curl does).
+and the old key stops working at once, so clients read the key from the file again when it is refused.
 scripts/serve.sh does this itself when it finds its server's keys expired.
 """
 
@@ -26,19 +26,16 @@ KINDS = ("inference", "management")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=KINDS, help="rotate this key alone (default: both)")
     parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
     parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
     args = parser.parse_args(argv)
-    try:
-        server = RunningServer.from_files(args.config, args.key_file)
-    except OSError as error:
-        print(f"rotate_keys: {error}", file=sys.stderr)
-        return 1
+    if not args.config.is_file():
+        parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
+    server = RunningServer.from_files(args.config, args.key_file)
     if server.key_file is None:
-        print("rotate_keys: this server runs without token authorization: there are no keys to rotate")
-        return 0
-    for kind in (args.only,) if args.only else KINDS:
+        print(f"rotate_keys: no {args.key_file}: a server without token authorization has none", file=sys.stderr)
+        return 1
+    for kind in KINDS:
         try:
             answer = requests.post(
                 f"{server.management_url}/token", params={"type": kind}, headers=server.headers("API"), timeout=10

@@ -55,23 +55,27 @@ print(cause(open(sys.argv[1], errors="replace").read()) or "")' logs/model_log.l
 }
 
 key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.json'))[sys.argv[1]][sys.argv[2]])" "$1" "${2:-key}"; }
-# /ping's status with the inference key: 200; 400 once TorchServe's keys have expired (token_expiration_min,
-# 60 minutes after they were issued); 000 when nothing answers.
-ping_status() {
+# /ping with the inference key: its body, then its status on the last line (000 when nothing answers).
+# 400 InvalidKeyException once TorchServe's keys have expired (token_expiration_min, 60 minutes after
+# they were issued); 500 while a model has fewer healthy workers than its minimum.
+ping_answer() {
   if [ -f key_file.json ]; then
-    curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null || true
+    curl -s -w '\n%{http_code}' -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null || true
   else
-    echo 000
+    printf '\n000'
   fi
 }
+ping_status() { local answer; answer=$(ping_answer); echo "${answer##*$'\n'}"; }
 
-status=$(ping_status)
-if [ "$status" = 200 ]; then
+answer=$(ping_answer)
+if [ "${answer##*$'\n'}" = 200 ]; then
   echo "==> TorchServe is already running"
-elif [ "$status" != 000 ]; then
-  echo "==> TorchServe is already running, but refused its inference key (HTTP $status: keys expire): new keys"
+elif [[ "$answer" == *InvalidKeyException* ]]; then
+  echo "==> TorchServe is already running, but its keys have expired: new keys"
   .venv/bin/python -m scripts.rotate_keys
   [ "$(ping_status)" = 200 ] || { echo "TorchServe still refuses the new key; see logs/ts_log.log" >&2; exit 1; }
+elif [ "${answer##*$'\n'}" != 000 ]; then
+  echo "==> TorchServe is already running (/ping: HTTP ${answer##*$'\n'}; the model's workers say why below)"
 else
   echo "==> starting TorchServe (logs in logs/)"
   .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store >logs/console.log 2>&1

@@ -1,13 +1,14 @@
 """Serve a new archive under a running model's name without failing a request (tooling/model_update.py).
 
-    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name bert --version 2.0   # -> model_store/bert.mar
-    .venv/bin/python -m scripts.update_model model_store/bert.mar                             # bert 1.0 -> 2.0
+    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0   # model_store/
+    .venv/bin/python -m scripts.update_model model_store/sentiment.mar                         # 1.0 -> 2.0
 
-The archive must be in the server's model store and carry a version the model does not have yet. The
-new version gets the running one's batch size, delay and workers, answers one probe request, becomes
-the default, and the old version is unregistered once it has finished what it holds. On any failure
-before the switch the old version goes on serving, unchanged. Written over the old file, as above, the
-archive is also what scripts/serve.sh registers after a restart. The defaults reach the server
+The archive must be in the server's model store (TorchServe registers archives from there, by file
+name) and carry a version the model does not have yet. The new version gets the running one's batch
+size, delay and workers, answers one probe request, becomes the default, and the old version is
+unregistered once it has finished what it holds. On any failure before the switch the old version
+goes on serving, unchanged. Written over the old file, as above, the archive is also what
+scripts/serve.sh (MODEL_NAME=sentiment) registers after a restart. The defaults reach the server
 scripts/serve.sh started; --config and --key-file reach another.
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import requests
 
-from tooling.model_update import UpdateFailed, archive_identity, update_model
+from tooling.model_archive import NotAnArchive, archive_name, archive_version
+from tooling.model_update import UpdateFailed, update_model
 from tooling.paths import REPO, REVIEW
 from tooling.torchserve import RunningServer, load_failure_cause
 
@@ -32,43 +34,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grace-seconds",
         type=float,
-        help="wait after the old version's queue is empty (default: its responseTimeout); a batch it still "
-        "runs when the wait ends fails",
+        help="wait after the old version's queue is empty (default: its maxBatchDelay + responseTimeout); a "
+        "batch it still runs when the wait ends fails",
     )
     parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
     parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
     parser.add_argument("--log", type=Path, default=REPO / "logs" / "model_log.log", help="the workers' log")
     args = parser.parse_args(argv)
-    if not args.archive.is_file():
-        parser.error(f"{args.archive} is not a file")
     if not args.config.is_file():
         parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
-    name, version = archive_identity(args.archive)
+    server = RunningServer.from_files(args.config, args.key_file)
+    if args.archive.resolve().parent != server.model_store:
+        parser.error(f"{args.archive} is not in the server's model store {server.model_store}: copy it there")
+    try:
+        name, version = archive_name(args.archive), archive_version(args.archive)
+    except NotAnArchive as error:
+        parser.error(str(error))
+    model = args.model or name
+    # Only what the workers log from now on can explain this archive's load failure.
+    log_start = args.log.stat().st_size if args.log.is_file() else 0
 
     def explain() -> str | None:
-        return load_failure_cause(args.log.read_text(errors="replace")) if args.log.is_file() else None
+        if not args.log.is_file():
+            return None
+        with args.log.open("rb") as log:
+            log.seek(log_start)
+            return load_failure_cause(log.read().decode("utf-8", errors="replace"))
 
     try:
-        server = RunningServer.from_files(args.config, args.key_file)
-    except OSError as error:
-        print(f"update_model: {error}", file=sys.stderr)
-        return 1
-    try:
         update_model(
-            server,
-            args.model or name,
-            args.archive.name,
-            version,
-            args.probe.read_bytes(),
-            grace_s=args.grace_seconds,
-            explain_load_failure=explain,
-        )
+            server, model, args.archive.name, version, args.probe.read_bytes(),
+            grace_s=args.grace_seconds, explain_load_failure=explain,
+        )  # fmt: skip
     except UpdateFailed as failed:
         print(f"update_model: {failed}", file=sys.stderr)
         return 1
     except requests.RequestException as error:
-        where = f"GET /models/{args.model or name}/all shows where the update stopped"
-        print(f"update_model: the server did not answer ({error}); {where}", file=sys.stderr)
+        print(f"update_model: {error}; GET /models/{model}/all shows where the update stopped", file=sys.stderr)
         return 1
     return 0
 

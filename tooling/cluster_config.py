@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from tooling.latency_budget import DEFAULT_BUDGET_MS, Admission, admission, machine_throughput
+from tooling.model_archive import archive_version
 from tooling.paths import METRICS_CONFIG, MODEL_CONFIG, REPO, SERVER_CONFIG
 
 DEFAULT_ROOT = "/mnt/models"
@@ -208,20 +208,6 @@ def build_kserve_layout(archive: Path, out_dir: Path, model_name: str = "bert", 
     shutil.copyfile(METRICS_CONFIG, config_dir / METRICS_NAME)
     properties = cluster_properties(model_name, archive=mar_name, **cluster_options)
     return write_properties(properties, config_dir / PROPERTIES_NAME)
-
-
-class NotAnArchive(ValueError):
-    """The file is not a TorchServe model archive (.mar) with a manifest."""
-
-
-def archive_version(archive: Path) -> str:
-    """The model version recorded in a .mar (MAR-INF/MANIFEST.json); TorchServe restores the snapshot by it."""
-    try:
-        with zipfile.ZipFile(archive) as mar:
-            manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
-        return str(manifest["model"]["modelVersion"])
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise NotAnArchive(f"{archive}: not a TorchServe model archive ({exc})") from exc
 
 
 # ---- the Prometheus Operator's PrometheusRule ------------------------------------------------------

@@ -47,12 +47,12 @@ from tooling.fleet_config import (
     FleetError,
     FleetSpec,
     alerting_rules,
-    archive_response_timeout,
     core_shares,
     haproxy_config,
     haproxy_timeout_server,
     prometheus_config,
 )
+from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
 from tooling.torchserve import TorchServe, free_port
 

@@ -9,9 +9,7 @@ prometheus or a TorchServe, as tooling/cluster_config.py is for the cluster.
 
 from __future__ import annotations
 
-import json
 import string
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,21 +50,6 @@ class FleetSpec:
     scrape_interval_s: int = 1  # short, so a test sees a replica down within seconds
     alert_for: Mapping[str, str] = field(default_factory=dict)  # alert name -> `for:` (e.g. shorter in tests)
     pin_cores: bool = True
-
-
-def archive_response_timeout(archive: Path, default: int) -> int:
-    """The response timeout TorchServe 0.12 will use for `archive`: its model-config.yaml's, if it has one.
-
-    With a model config in the archive TorchServe takes `responseTimeout` from it (default 120) and
-    ignores the server's and the snapshot's value; without one the server's default applies.
-    """
-    with zipfile.ZipFile(archive) as mar:
-        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
-        config_name = manifest.get("model", {}).get("configFile")
-        if not config_name:
-            return default
-        config = yaml.safe_load(mar.read(config_name)) or {}
-    return int(config.get("responseTimeout", 120))
 
 
 def core_shares(replicas: int, cores: Sequence[int]) -> list[list[int] | None]:

@@ -1,19 +1,20 @@
 """Replace the archive a running TorchServe serves under a model name, without failing a request.
 
 TorchServe's own recipe is: register the new version, make it the default, unregister the old one.
-Done in one go, it fails the requests the old version holds at that moment. TorchServe 0.12's
-unregister stops the old workers at once: a batch in flight is answered 500 "Worker died." (or never
-answered), and requests still queued for that version are never answered at all
-(`tests/e2e/test_model_update.py` pins both). This module does the same steps in an order that fails
-none:
+Done in one go, it fails requests the old version holds at that moment: TorchServe 0.12's unregister
+stops the old workers at once, and what they hold is answered 500 "Worker died." or not at all
+(`tests/e2e/test_model_update.py` pins that a batch in flight fails). This module does the same steps
+in an order that fails none:
 
 1. read how the running default version is served (batch size, delay, workers) and register the
    new archive as another version of the same name with the same settings;
 2. answer one request through the new version by name (`/predictions/NAME/VERSION`); if it cannot,
-   unregister it and stop, and the old version never stopped serving;
+   unregister it and stop: the old version never stopped serving;
 3. make the new version the default: every request that arrives from then on goes to it;
-4. drain the old version: wait until its queue is empty, then one `responseTimeout` more, the
-   longest TorchServe lets a batch it already took run before it stops that worker itself;
+4. drain the old version: wait until its queue is empty, then for the longest a batch it already
+   took may take (`maxBatchDelay` to fill it, then `responseTimeout`, after which TorchServe stops
+   that worker itself). The management API cannot tell whether a worker holds a batch, so nothing
+   shorter is safe;
 5. unregister the old version.
 
 `scripts/update_model.py` is the command line; docs/checkpoints.md#updating-a-served-model the guide.
@@ -21,20 +22,22 @@ none:
 
 from __future__ import annotations
 
-import json
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import datetime, timedelta, timezone
 
 import requests
 
-from tooling.torchserve import RunningServer, key_refused
+from tooling.torchserve import RunningServer, key_expiry, key_refused
 
 
 class UpdateFailed(Exception):
-    """The update stopped; the message says where, and what still serves."""
+    """The update stopped; the message says where, and what serves."""
+
+
+class _KeyRefused(Exception):
+    """The server refused a key: the update stops, and says what serves at that point."""
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,10 @@ class ServedVersion:
             pending=described["jobQueueStatus"]["pendingRequests"],
         )
 
-
-def archive_identity(archive: Path) -> tuple[str, str]:
-    """The model name and version an archive carries in its manifest (scripts/archive_model.py --name, --version)."""
-    with zipfile.ZipFile(archive) as mar:
-        model = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
-    return model["modelName"], model["modelVersion"]
+    @property
+    def longest_batch_s(self) -> float:
+        """The longest a batch this version took from its queue can still run before TorchServe ends it."""
+        return self.max_batch_delay / 1000 + self.response_timeout
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,7 @@ class _Management:
             timeout=timeout,
         )
         if key_refused(response):
-            raise UpdateFailed(
-                f"the management key in {self.server.key_file} was refused: keys expire token_expiration_min "
-                "(60) minutes after they are issued; python -m scripts.rotate_keys issues new ones"
-            )
+            raise _KeyRefused(self.server.refusal_hint("management"))
         return response
 
     def describe(self, version: str | None = None) -> ServedVersion:
@@ -107,6 +105,8 @@ class _Management:
 
     def versions(self) -> list[str]:
         response = self._call("GET", f"models/{self.model}/all", 10)
+        if response.status_code == 404:
+            return []
         response.raise_for_status()
         return [described["modelVersion"] for described in response.json()]
 
@@ -129,6 +129,18 @@ class _Management:
     def unregister(self, version: str, timeout: float) -> requests.Response:
         return self._call("DELETE", f"models/{self.model}/{version}", timeout)
 
+    def withdraw(self, version: str, timeout: float) -> str:
+        """Unregister a version that must not serve; what became of it, for the message."""
+        if version not in self.versions():
+            return f"{version} is not registered"
+        try:
+            answer = self.unregister(version, timeout)
+        except (requests.RequestException, _KeyRefused) as error:
+            return f"unregistering {version} failed ({error}): DELETE /models/{self.model}/{version}"
+        if answer.status_code != 200:
+            return f"unregistering {version} failed (HTTP {answer.status_code}): DELETE /models/{self.model}/{version}"
+        return f"{version} is unregistered again"
+
 
 def _message(response: requests.Response) -> str:
     try:
@@ -149,7 +161,21 @@ def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tupl
         )
     except requests.RequestException as error:
         return 0, str(error)
+    if key_refused(answer):
+        return answer.status_code, server.refusal_hint("inference")
     return answer.status_code, answer.text.strip()
+
+
+def _check_keys_outlast(server: RunningServer, seconds: float) -> None:
+    """Refuse to start an update that would outlive the keys it needs."""
+    entries = server.key_entries()
+    until = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    for api in ("inference", "management"):
+        if api in entries and key_expiry(entries[api]["expiration time"]) < until:
+            raise UpdateFailed(
+                f"the {api} key expires at {entries[api]['expiration time']}, before this update could end "
+                f"(it takes up to {seconds:.0f} s): run python -m scripts.rotate_keys first; nothing was changed"
+            )
 
 
 def update_model(
@@ -164,18 +190,62 @@ def update_model(
     explain_load_failure: Callable[[], str | None] = lambda: None,
 ) -> Update:
     """Serve `archive` (a file name in the server's model store, carrying `version`) as `model`'s default,
-    then retire the version that served before; raises UpdateFailed with what still serves.
+    then retire the version that served before; raises UpdateFailed saying what serves.
 
-    `grace_s` overrides the wait after the old queue is empty (default: the old version's responseTimeout):
-    a batch the old version still runs when it ends fails.
+    `grace_s` replaces the wait after the old queue is empty (default: ServedVersion.longest_batch_s): a
+    batch the old version still runs when it ends fails.
     """
     management = _Management(server, model)
-    old = management.describe()
-    if version in management.versions():
+    try:
+        old = management.describe()
+        grace = old.longest_batch_s if grace_s is None else grace_s
+        _check_keys_outlast(server, load_timeout_s + grace)
+        if version in management.versions():
+            raise UpdateFailed(
+                f"{model} already has a version {version}: archive the new checkpoint with another "
+                f"(python -m scripts.archive_model CHECKPOINT --name {model} --version X)"
+            )
+        _bring_up(management, server, old, archive, version, probe, load_timeout_s, say, explain_load_failure)
+    except _KeyRefused as refused:
+        raise UpdateFailed(f"{refused}; nothing was switched") from refused
+    try:
+        switched = management.set_default(version)
+        if switched.status_code != 200:
+            withdrawn = management.withdraw(version, load_timeout_s)
+            raise UpdateFailed(
+                f"making {version} the default failed (HTTP {switched.status_code}: {_message(switched)}); "
+                f"{withdrawn}, and {model} {old.version} still serves"
+            )
+        say(f"==> {model} {version} is the default; draining {old.version} (its queue, then {grace:g} s)")
+        _drain(management, old.version, grace, deadline=time.monotonic() + load_timeout_s)
+        retired = management.unregister(old.version, timeout=load_timeout_s)
+    except _KeyRefused as refused:
         raise UpdateFailed(
-            f"{model} already has a version {version}: archive the new checkpoint with another "
-            f"(python -m scripts.archive_model CHECKPOINT --name {model} --version X)"
+            f"{refused}. {model} {version} serves; {old.version} may still be registered: "
+            f"DELETE /models/{model}/{old.version} with a new key"
+        ) from refused
+    if retired.status_code != 200:
+        raise UpdateFailed(
+            f"{model} {version} serves, but unregistering {old.version} failed (HTTP {retired.status_code}: "
+            f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle"
         )
+    say(f"==> {model} {old.version} unregistered; {model} serves {version}")
+    return Update(model, old, management.describe(version))
+
+
+def _bring_up(
+    management: _Management,
+    server: RunningServer,
+    old: ServedVersion,
+    archive: str,
+    version: str,
+    probe: bytes,
+    load_timeout_s: float,
+    say: Callable[[str], None],
+    explain_load_failure: Callable[[], str | None],
+) -> None:
+    """Register `version` beside `old` with its settings and check it answers; withdrawn if it cannot serve."""
+    model = management.model
     say(
         f"==> registering {archive} as {model} {version} beside {old.version}: batch_size={old.batch_size} "
         f"max_batch_delay={old.max_batch_delay}ms workers={old.workers}"
@@ -188,39 +258,22 @@ def update_model(
             f"may still be loading: DELETE /models/{model}/{version} to drop it"
         ) from error
     if registered.status_code != 200:
-        # TorchServe has already unregistered a version whose workers failed to start.
         cause = explain_load_failure()
+        # TorchServe unregisters a version whose workers failed to start; anything it left is withdrawn.
+        withdrawn = management.withdraw(version, load_timeout_s)
         raise UpdateFailed(
             f"registering {archive} failed (HTTP {registered.status_code}: {_message(registered)})"
             + (f"; cause: {cause}" if cause else "")
-            + f". {model} {old.version} still serves, unchanged."
+            + f"; {withdrawn}, and {model} {old.version} still serves, unchanged."
         )
     status, answer = _probe(server, model, version, probe)
     if status != 200:
-        management.unregister(version, timeout=load_timeout_s)
+        withdrawn = management.withdraw(version, load_timeout_s)
         raise UpdateFailed(
             f"{model} {version} answered the probe with HTTP {status} ({answer[:300]}); "
-            f"it is unregistered again and {model} {old.version} still serves, unchanged."
+            f"{withdrawn}, and {model} {old.version} still serves, unchanged."
         )
     say(f"    {model} {version} answered the probe: {answer[:200]}")
-    switched = management.set_default(version)
-    if switched.status_code != 200:
-        management.unregister(version, timeout=load_timeout_s)
-        raise UpdateFailed(
-            f"making {version} the default failed (HTTP {switched.status_code}: {_message(switched)}); "
-            f"{model} {old.version} still serves, unchanged."
-        )
-    grace = old.response_timeout if grace_s is None else grace_s
-    say(f"==> {model} {version} is the default; draining {old.version} (its queue, then {grace:g} s)")
-    _drain(management, old.version, grace, deadline=time.monotonic() + load_timeout_s)
-    retired = management.unregister(old.version, timeout=load_timeout_s)
-    if retired.status_code != 200:
-        raise UpdateFailed(
-            f"{model} {version} serves, but unregistering {old.version} failed (HTTP {retired.status_code}: "
-            f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle"
-        )
-    say(f"==> {model} {old.version} unregistered; {model} serves {version}")
-    return Update(model, old, management.describe(version))
 
 
 def _drain(management: _Management, version: str, grace_s: float, deadline: float) -> None:

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import requests
@@ -96,40 +97,67 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 # TorchServe 0.12's answer (HTTP 400) to a key that is wrong or has expired: keys last token_expiration_min
-# minutes (60 unless config.properties says otherwise) and only the API key, which never expires, issues new ones.
+# minutes (60 unless the configuration says otherwise) and only the API key, which never expires, issues new ones.
 KEY_REFUSED = "InvalidKeyException"
+DEFAULT_KEY_LIFETIME_MIN = 60.0
 
 
 def key_refused(response: requests.Response) -> bool:
     return response.status_code in (400, 401) and KEY_REFUSED in response.text
 
 
+def key_expiry(stamp: str) -> datetime:
+    """A key's "expiration time" in key_file.json (Java's Instant: nanoseconds and a Z) as a datetime."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", stamp).replace("Z", "+00:00"))
+
+
 @dataclass(frozen=True)
 class RunningServer:
-    """A TorchServe started elsewhere (scripts/serve.sh, a service manager): its addresses from its
-    config.properties, and its keys from the key_file.json it wrote where it started, read at each call
-    because they rotate."""
+    """A TorchServe as a client reaches it: its addresses and model store from its config.properties, its keys
+    from the key_file.json it wrote where it started, read at each call because they rotate."""
 
     inference_url: str
     management_url: str
+    model_store: Path
     key_file: Path | None  # None: the server runs without token authorization
+    key_lifetime_min: float = DEFAULT_KEY_LIFETIME_MIN
 
     @classmethod
     def from_files(cls, config: Path, key_file: Path) -> RunningServer:
+        """A server started elsewhere (scripts/serve.sh, a service manager). It started in key_file's folder, which
+        relative paths in its config are relative to; a server without token authorization writes no key file."""
         properties = read_properties(config)
-        token_auth = properties.get("disable_token_authorization", "false").lower() != "true"
-        if token_auth and not key_file.is_file():
-            raise FileNotFoundError(f"{key_file} is not there: is the server running? (scripts/serve.sh starts it)")
-        return cls(properties["inference_address"], properties["management_address"], key_file if token_auth else None)
+        store = key_file.parent / properties.get("model_store", "model_store")
+        auth_off = properties.get("disable_token_authorization", "false").lower() == "true"
+        return cls(
+            properties.get("inference_address", "http://127.0.0.1:8080"),
+            properties.get("management_address", "http://127.0.0.1:8081"),
+            store.resolve(),
+            None if auth_off or not key_file.is_file() else key_file,
+            float(properties.get("token_expiration_min", DEFAULT_KEY_LIFETIME_MIN)),
+        )
 
     def key_entries(self) -> dict[str, dict[str, str]]:
         """key_file.json: {"inference": {"key", "expiration time"}, "management": {...}, "API": {"key"}}."""
-        return {} if self.key_file is None else json.loads(self.key_file.read_text())
+        if self.key_file is None:
+            return {}
+        try:
+            return json.loads(self.key_file.read_text())
+        except ValueError:  # read while TorchServe rewrites it (a rotation): once more, after the write
+            time.sleep(0.2)
+            return json.loads(self.key_file.read_text())
 
     def headers(self, api: str) -> dict[str, str]:
+        """The Authorization header for `api` ("inference", "management", "API"); none without token authorization."""
         if self.key_file is None:
             return {}
         return {"Authorization": f"Bearer {self.key_entries()[api]['key']}"}
+
+    def refusal_hint(self, api: str) -> str:
+        return (
+            f"the server refused the {api} key in {self.key_file}: keys expire {self.key_lifetime_min:g} minutes "
+            "(token_expiration_min) after they are issued; python -m scripts.rotate_keys issues new ones"
+        )
 
 
 def default_workers() -> int:
@@ -231,16 +259,27 @@ class TorchServe:
     def token_auth(self) -> bool:
         return self.properties.get("disable_token_authorization", "false").lower() != "true"
 
+    @property
+    def key_file(self) -> Path:
+        return self.workdir / "key_file.json"
+
+    def running(self) -> RunningServer:
+        """This server as the scripts reach one started elsewhere (RunningServer.from_files)."""
+        return RunningServer(
+            self.inference_url,
+            self.management_url,
+            self.model_store.resolve(),
+            self.key_file if self.token_auth else None,
+            float(self.properties.get("token_expiration_min", DEFAULT_KEY_LIFETIME_MIN)),
+        )
+
     def keys(self) -> dict[str, str]:
         """Current keys from key_file.json: {'management': ..., 'inference': ..., 'API': ...}."""
-        data = json.loads((self.workdir / "key_file.json").read_text())
-        return {name: entry["key"] for name, entry in data.items()}
+        return {name: entry["key"] for name, entry in self.running().key_entries().items()}
 
     def auth(self, api: str) -> dict[str, str]:
         """The Authorization header for `api`; none when this server runs without token authorization."""
-        if not self.token_auth:
-            return {}
-        return {"Authorization": f"Bearer {self.keys()[api]}"}
+        return self.running().headers(api)
 
     # ---- lifecycle ----------------------------------------------------------------------
 

@@ -26,7 +26,12 @@ pytestmark = pytest.mark.e2e
 
 SLOW = "slow"  # the test-only fault hook: a batch holding this word stalls STALL_S
 STALL_S = 1.5
-RESPONSE_TIMEOUT_S = 4  # the old version's drain waits this long after its queue empties: more than STALL_S
+# The old version's drain waits this long (plus its 20 ms delay) after its queue empties: far more than STALL_S,
+# and room for a loaded 2-core machine.
+RESPONSE_TIMEOUT_S = 10
+# Two: while one holds a stalled batch, the other empties the queue, so only the drain's wait saves that batch.
+OLD_WORKERS = 2
+SERVER_DEFAULT_WORKERS = 1  # what a registration without initial_workers gets: the update must copy the old count
 NEW_LABELS = set(HEADS["multi-label"]["id2label"].values())
 
 
@@ -51,7 +56,8 @@ def archives(tiny_checkpoint, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with TorchServe(tmp_path_factory.mktemp("update-server"), tmp_path_factory.mktemp("update-store")) as ts:
+    workdir, store = tmp_path_factory.mktemp("update-server"), tmp_path_factory.mktemp("update-store")
+    with TorchServe(workdir, store, overrides={"default_workers_per_model": str(SERVER_DEFAULT_WORKERS)}) as ts:
         yield ts
 
 
@@ -64,15 +70,40 @@ def install(server: TorchServe, archive: Path, file_name: str) -> Path:
 
 def register_old(server: TorchServe, archives: dict[str, Path], model: str) -> None:
     install(server, archives["old"], f"{model}.mar")
-    response = server.register(f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=2, model_name=model)
+    response = server.register(
+        f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
+    )
     assert response.status_code == 200, response.text
 
 
+def unregister_all(server: TorchServe, model: str) -> None:
+    """Each test leaves the module's server without its workers (the default version last: TorchServe insists)."""
+    default = server.describe(model)[0]["modelVersion"]
+    others = [entry["modelVersion"] for entry in versions(server, model) if entry["modelVersion"] != default]
+    for version in [*others, default]:
+        server.session.delete(
+            f"{server.management_url}/models/{model}/{version}", headers=server.auth("management"), timeout=60
+        )
+
+
+def update_command(server: TorchServe, archive: Path, *extra: str) -> list[str]:
+    paths = ["--config", str(server.config_path), "--key-file", str(server.key_file)]
+    return [
+        sys.executable,
+        "-m",
+        "scripts.update_model",
+        str(archive),
+        *extra,
+        *paths,
+        "--log",
+        str(server.log_dir / "model_log.log"),
+    ]
+
+
 def run_update(server: TorchServe, archive: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "scripts.update_model", str(archive), *extra]
-    command += ["--config", str(server.config_path), "--key-file", str(server.workdir / "key_file.json")]
-    command += ["--log", str(server.log_dir / "model_log.log")]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        update_command(server, archive, *extra), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def versions(server: TorchServe, model: str) -> list[dict]:
@@ -91,59 +122,73 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
     model = "swap"
     register_old(server, archives, model)
     stop = threading.Event()
-    answers: list[tuple[int, str | None]] = []
-    stalled: list[tuple[int, str | None]] = []
+    answers: list[tuple[float, int, str | None]] = []  # (when it came, status, label)
+    switched_at: list[float] = []
 
-    def client(index: int) -> None:
+    def client(text: str) -> None:
         count = 0
         while not stop.is_set():
             count += 1
-            answers.append(predict_label(server, model, f"client {index} request {count}: the room was clean"))
-
-    def stalling_client() -> None:
-        # Keeps an old worker busy with a stalled batch almost all the time, so one is in flight at the
-        # switch: the drain must let it finish. The new archive has no fault hook and answers at once.
-        while not stop.is_set():
-            stalled.append(predict_label(server, model, f"a {SLOW} one that was held up"))
+            status, label = predict_label(server, model, f"{text} {count}")
+            answers.append((time.monotonic(), status, label))
 
     with ThreadPoolExecutor(max_workers=7) as pool:
-        clients = [pool.submit(client, index) for index in range(6)] + [pool.submit(stalling_client)]
-        time.sleep(1.0)
-        archive = install(server, archives["new"], f"{model}.mar")
-        update = run_update(server, archive, "--model", model)
-        time.sleep(1.0)
-        stop.set()
+        clients = [pool.submit(client, f"client {index}: the room was clean") for index in range(6)]
+        # Keeps an old worker busy with a stalled batch almost all the time, so one is in flight at the
+        # switch: the drain must let it finish. The new archive has no fault hook and answers at once.
+        clients.append(pool.submit(client, f"a {SLOW} one that was held up"))
+        try:
+            time.sleep(1.0)
+            archive = install(server, archives["new"], f"{model}.mar")
+            update = subprocess.Popen(
+                update_command(server, archive, "--model", model),
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            output = []
+            for line in update.stdout:
+                output.append(line)
+                if "is the default" in line:
+                    switched_at.append(time.monotonic())
+            stderr = update.stderr.read()
+            update.wait(timeout=300)
+            time.sleep(1.0)
+        finally:
+            stop.set()  # before the pool's exit waits for the clients
         for future in clients:
             future.result()
 
-    assert update.returncode == 0, update.stderr
-    assert "answered the probe" in update.stdout and "unregistered" in update.stdout, update.stdout
-    failed = [answer for answer in answers + stalled if answer[0] != 200]
-    assert not failed, f"{len(failed)} of {len(answers) + len(stalled)} requests failed during the update: {failed[:5]}"
-    labels = [label for _, label in answers]
+    assert update.returncode == 0, stderr
+    assert switched_at and "unregistered" in output[-1], output
+    failed = [answer for answer in answers if answer[1] != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} requests failed during the update: {failed[:5]}"
+    labels = [label for _, _, label in sorted(answers)]
     assert labels[0] in LABELS and labels[-1] in NEW_LABELS, (labels[:3], labels[-3:])
-    assert stalled[0][1] in LABELS and stalled[-1][1] in NEW_LABELS, stalled
+    # The drain mattered: the old version answered requests after the switch (in flight or queued then).
+    assert any(when > switched_at[0] and label in LABELS for when, _, label in answers)
     [served] = versions(server, model)
     assert served["modelVersion"] == "2.0"
-    assert (served["batchSize"], served["maxBatchDelay"], served["minWorkers"]) == (8, 20, 2)
-    assert len(served["workers"]) == 2 and all(worker["status"] == "READY" for worker in served["workers"])
+    assert (served["batchSize"], served["maxBatchDelay"], served["minWorkers"]) == (8, 20, OLD_WORKERS)
+    assert len(served["workers"]) == OLD_WORKERS and all(worker["status"] == "READY" for worker in served["workers"])
+    unregister_all(server, model)
 
 
 def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives):
-    """Pins TorchServe 0.12: unregistering a version right after the switch fails the batch it runs."""
+    """Pins TorchServe 0.12: unregistering a version right after the switch fails what it holds."""
     model = "naive"
     register_old(server, archives, model)
     install(server, archives["new"], "naive-2.mar")
     assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
     with ThreadPoolExecutor(max_workers=1) as pool:
-        stalled = pool.submit(predict_label, server, model, f"a {SLOW} one that was held up", 20.0)
-        time.sleep(0.3)  # long enough to reach a worker, well short of STALL_S
+        # By name, so it reaches 1.0 whenever it arrives; queued or in flight there, the unregister fails it.
+        held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", STALL_S + 5)
+        time.sleep(0.3)
         management = f"{server.management_url}/models/{model}"
         headers = server.auth("management")
         assert requests.put(f"{management}/2.0/set-default", headers=headers, timeout=10).status_code == 200
         assert requests.delete(f"{management}/1.0", headers=headers, timeout=60).status_code == 200
-        status, _ = stalled.result()
+        status, _ = held.result()
     assert status != 200, "TorchServe now finishes a batch in flight before unregistering: the drain may be simpler"
+    unregister_all(server, model)
 
 
 def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, archives, tmp_path):
@@ -161,10 +206,16 @@ def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, arc
     failing = install(server, archives["failing"], "rollback-4.mar")
     update = run_update(server, failing, "--model", model, "--probe", str(probe))
     assert update.returncode == 1
-    assert "answered the probe with HTTP 500" in update.stderr and "still serves" in update.stderr, update.stderr
+    assert "answered the probe with HTTP 500" in update.stderr and "4.0 is unregistered again" in update.stderr
     assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
     assert predict_label(server, model, "the room was clean")[0] == 200
 
     again = run_update(server, install(server, archives["old"], "rollback-1.mar"), "--model", model)
     assert again.returncode == 1 and "already has a version 1.0" in again.stderr, again.stderr
+
+    elsewhere = tmp_path / "rollback-5.mar"
+    shutil.copyfile(archives["new"], elsewhere)
+    outside = run_update(server, elsewhere, "--model", model)
+    assert outside.returncode == 2 and "not in the server's model store" in outside.stderr, outside.stderr
     assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
+    unregister_all(server, model)
