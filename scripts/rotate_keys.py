@@ -28,20 +28,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
     parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
+    sys.stdout.reconfigure(line_buffering=True)
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
-    server = RunningServer.from_files(args.config, args.key_file)
+    try:
+        server = RunningServer.from_files(args.config, args.key_file)
+    except OSError as error:
+        print(f"rotate_keys: {error}", file=sys.stderr)
+        return 1
     if server.key_file is None:
-        print(f"rotate_keys: no {args.key_file}: a server without token authorization has none", file=sys.stderr)
+        print("rotate_keys: the server's configuration turns token authorization off: it has no keys", file=sys.stderr)
         return 1
     for kind in KINDS:
         try:
             answer = requests.post(
                 f"{server.management_url}/token", params={"type": kind}, headers=server.headers("API"), timeout=10
             )
-        except requests.RequestException as error:
-            print(f"rotate_keys: the server did not answer ({error})", file=sys.stderr)
+        except (requests.RequestException, OSError) as error:  # OSError: a key file this user may not read
+            print(f"rotate_keys: {error}", file=sys.stderr)
             return 1
         if answer.status_code != 200:
             print(

@@ -73,7 +73,7 @@ if [ "${answer##*$'\n'}" = 200 ]; then
 elif [[ "$answer" == *InvalidKeyException* ]]; then
   echo "==> TorchServe is already running, but its keys have expired: new keys"
   .venv/bin/python -m scripts.rotate_keys
-  [ "$(ping_status)" = 200 ] || { echo "TorchServe still refuses the new key; see logs/ts_log.log" >&2; exit 1; }
+  [[ "$(ping_answer)" != *InvalidKeyException* ]] || { echo "TorchServe refuses the new key too" >&2; exit 1; }
 elif [ "${answer##*$'\n'}" != 000 ]; then
   echo "==> TorchServe is already running (/ping: HTTP ${answer##*$'\n'}; the model's workers say why below)"
 else

@@ -27,6 +27,7 @@ from tooling.torchserve import RunningServer, load_failure_cause
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # each step as it happens, through a pipe or the journal too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archive", type=Path, help="the new .mar, in the server's model store")
     parser.add_argument("--model", help="the served model's name (default: the name in the archive's manifest)")
@@ -43,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
-    server = RunningServer.from_files(args.config, args.key_file)
+    try:
+        server = RunningServer.from_files(args.config, args.key_file)
+    except OSError as error:
+        print(f"update_model: {error}", file=sys.stderr)
+        return 1
     if args.archive.resolve().parent != server.model_store:
         parser.error(f"{args.archive} is not in the server's model store {server.model_store}: copy it there")
     try:
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.log.is_file():
             return None
         with args.log.open("rb") as log:
-            log.seek(log_start)
+            log.seek(log_start if args.log.stat().st_size >= log_start else 0)  # 0: log4j rolled it over
             return load_failure_cause(log.read().decode("utf-8", errors="replace"))
 
     try:
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except UpdateFailed as failed:
         print(f"update_model: {failed}", file=sys.stderr)
         return 1
-    except requests.RequestException as error:
+    except (requests.RequestException, OSError) as error:
         print(f"update_model: {error}; GET /models/{model}/all shows where the update stopped", file=sys.stderr)
         return 1
     return 0

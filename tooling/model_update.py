@@ -71,8 +71,8 @@ class ServedVersion:
 @dataclass(frozen=True)
 class Update:
     model: str
-    old: ServedVersion
-    new: ServedVersion
+    old: ServedVersion  # as it was served before the update
+    new_version: str
 
 
 class _Management:
@@ -84,13 +84,8 @@ class _Management:
         self.session = requests.Session()
 
     def _call(self, method: str, path: str, timeout: float, **params) -> requests.Response:
-        response = self.session.request(
-            method,
-            f"{self.server.management_url}/{path}",
-            params=params or None,
-            headers=self.server.headers("management"),
-            timeout=timeout,
-        )
+        url = f"{self.server.management_url}/{path}"
+        response = self.server.request(self.session, method, url, "management", params=params or None, timeout=timeout)
         if key_refused(response):
             raise _KeyRefused(self.server.refusal_hint("management"))
         return response
@@ -131,9 +126,9 @@ class _Management:
 
     def withdraw(self, version: str, timeout: float) -> str:
         """Unregister a version that must not serve; what became of it, for the message."""
-        if version not in self.versions():
-            return f"{version} is not registered"
         try:
+            if version not in self.versions():
+                return f"{version} is not registered"
             answer = self.unregister(version, timeout)
         except (requests.RequestException, _KeyRefused) as error:
             return f"unregistering {version} failed ({error}): DELETE /models/{self.model}/{version}"
@@ -152,12 +147,10 @@ def _message(response: requests.Response) -> str:
 
 def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tuple[int, str]:
     """One request to `version` by name: its status and body (status 0 and the error when none came)."""
+    url = f"{server.inference_url}/predictions/{model}/{version}"
     try:
-        answer = requests.post(
-            f"{server.inference_url}/predictions/{model}/{version}",
-            data=body,
-            headers={**server.headers("inference"), "Content-Type": "text/plain"},
-            timeout=60,
+        answer = server.request(
+            requests.Session(), "POST", url, "inference", data=body, headers={"Content-Type": "text/plain"}, timeout=60
         )
     except requests.RequestException as error:
         return 0, str(error)
@@ -167,14 +160,14 @@ def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tupl
 
 
 def _check_keys_outlast(server: RunningServer, seconds: float) -> None:
-    """Refuse to start an update that would outlive the keys it needs."""
+    """Refuse to start an update whose keys would expire while its new workers may still be loading."""
     entries = server.key_entries()
     until = datetime.now(timezone.utc) + timedelta(seconds=seconds)
     for api in ("inference", "management"):
         if api in entries and key_expiry(entries[api]["expiration time"]) < until:
             raise UpdateFailed(
-                f"the {api} key expires at {entries[api]['expiration time']}, before this update could end "
-                f"(it takes up to {seconds:.0f} s): run python -m scripts.rotate_keys first; nothing was changed"
+                f"the {api} key expires at {entries[api]['expiration time']}, within the {seconds:.0f} s this update "
+                "allows the new workers to load: run python -m scripts.rotate_keys first; nothing was changed"
             )
 
 
@@ -193,30 +186,32 @@ def update_model(
     then retire the version that served before; raises UpdateFailed saying what serves.
 
     `grace_s` replaces the wait after the old queue is empty (default: ServedVersion.longest_batch_s): a
-    batch the old version still runs when it ends fails.
+    batch the old version still runs when it ends fails. A key rotated meanwhile is picked up; one that
+    expires unrotated stops the update where it is, and the message says what serves.
     """
+    _check_keys_outlast(server, load_timeout_s)
     management = _Management(server, model)
     try:
         old = management.describe()
-        grace = old.longest_batch_s if grace_s is None else grace_s
-        _check_keys_outlast(server, load_timeout_s + grace)
         if version in management.versions():
             raise UpdateFailed(
                 f"{model} already has a version {version}: archive the new checkpoint with another "
                 f"(python -m scripts.archive_model CHECKPOINT --name {model} --version X)"
             )
         _bring_up(management, server, old, archive, version, probe, load_timeout_s, say, explain_load_failure)
-    except _KeyRefused as refused:
-        raise UpdateFailed(f"{refused}; nothing was switched") from refused
-    try:
         switched = management.set_default(version)
-        if switched.status_code != 200:
-            withdrawn = management.withdraw(version, load_timeout_s)
-            raise UpdateFailed(
-                f"making {version} the default failed (HTTP {switched.status_code}: {_message(switched)}); "
-                f"{withdrawn}, and {model} {old.version} still serves"
-            )
-        say(f"==> {model} {version} is the default; draining {old.version} (its queue, then {grace:g} s)")
+    except _KeyRefused as refused:
+        where = f"GET /models/{model}/all shows whether {version} was registered beside it"
+        raise UpdateFailed(f"{refused}; nothing was switched: {model}'s default still serves ({where})") from refused
+    if switched.status_code != 200:
+        withdrawn = management.withdraw(version, load_timeout_s)
+        raise UpdateFailed(
+            f"making {version} the default failed (HTTP {switched.status_code}: {_message(switched)}); "
+            f"{withdrawn}, and {model} {old.version} still serves"
+        )
+    grace = old.longest_batch_s if grace_s is None else grace_s
+    say(f"==> {model} {version} is the default; draining {old.version} (its queue, then {grace:g} s)")
+    try:
         _drain(management, old.version, grace, deadline=time.monotonic() + load_timeout_s)
         retired = management.unregister(old.version, timeout=load_timeout_s)
     except _KeyRefused as refused:
@@ -230,7 +225,7 @@ def update_model(
             f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle"
         )
     say(f"==> {model} {old.version} unregistered; {model} serves {version}")
-    return Update(model, old, management.describe(version))
+    return Update(model, old, version)
 
 
 def _bring_up(

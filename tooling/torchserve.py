@@ -125,15 +125,18 @@ class RunningServer:
     @classmethod
     def from_files(cls, config: Path, key_file: Path) -> RunningServer:
         """A server started elsewhere (scripts/serve.sh, a service manager). It started in key_file's folder, which
-        relative paths in its config are relative to; a server without token authorization writes no key file."""
+        relative paths in its config are relative to; FileNotFoundError if it has token authorization (its config
+        does not turn it off) and no key file is there."""
         properties = read_properties(config)
         store = key_file.parent / properties.get("model_store", "model_store")
         auth_off = properties.get("disable_token_authorization", "false").lower() == "true"
+        if not auth_off and not key_file.is_file():
+            raise FileNotFoundError(f"no key file {key_file}: is the server running, started in that folder?")
         return cls(
             properties.get("inference_address", "http://127.0.0.1:8080"),
             properties.get("management_address", "http://127.0.0.1:8081"),
             store.resolve(),
-            None if auth_off or not key_file.is_file() else key_file,
+            None if auth_off else key_file,
             float(properties.get("token_expiration_min", DEFAULT_KEY_LIFETIME_MIN)),
         )
 
@@ -152,6 +155,18 @@ class RunningServer:
         if self.key_file is None:
             return {}
         return {"Authorization": f"Bearer {self.key_entries()[api]['key']}"}
+
+    def request(self, session: requests.Session, method: str, url: str, api: str, **kwargs) -> requests.Response:
+        """A call with `api`'s key. TorchServe switches to a rotated key a moment before it rewrites key_file.json,
+        so a call refused in that moment is made once more with the file's new key."""
+        headers = {**kwargs.pop("headers", {}), **self.headers(api)}
+        response = session.request(method, url, headers=headers, **kwargs)
+        if self.key_file is not None and key_refused(response):
+            time.sleep(0.2)
+            fresh = self.headers(api)
+            if fresh != {k: v for k, v in headers.items() if k == "Authorization"}:
+                response = session.request(method, url, headers={**headers, **fresh}, **kwargs)
+        return response
 
     def refusal_hint(self, api: str) -> str:
         return (

@@ -68,17 +68,30 @@ def install(server: TorchServe, archive: Path, file_name: str) -> Path:
     return target
 
 
-def register_old(server: TorchServe, archives: dict[str, Path], model: str) -> None:
-    install(server, archives["old"], f"{model}.mar")
-    response = server.register(
-        f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
-    )
-    assert response.status_code == 200, response.text
+@pytest.fixture
+def register_old(server, archives):
+    """Registers the old archive as `model`, and unregisters every version of it after the test, pass or fail."""
+    models = []
+
+    def register(model: str) -> None:
+        install(server, archives["old"], f"{model}.mar")
+        models.append(model)
+        response = server.register(
+            f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
+        )
+        assert response.status_code == 200, response.text
+
+    yield register
+    for model in models:
+        unregister_all(server, model)
 
 
 def unregister_all(server: TorchServe, model: str) -> None:
-    """Each test leaves the module's server without its workers (the default version last: TorchServe insists)."""
-    default = server.describe(model)[0]["modelVersion"]
+    """Every version of `model`, the default last (TorchServe insists)."""
+    try:
+        default = server.describe(model)[0]["modelVersion"]
+    except requests.HTTPError:  # never registered, or already gone
+        return
     others = [entry["modelVersion"] for entry in versions(server, model) if entry["modelVersion"] != default]
     for version in [*others, default]:
         server.session.delete(
@@ -118,9 +131,9 @@ def predict_label(server: TorchServe, model: str, text: str, timeout: float = 30
     return response.status_code, response.json().get("label") if response.status_code == 200 else response.text
 
 
-def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archives):
+def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archives, register_old):
     model = "swap"
-    register_old(server, archives, model)
+    register_old(model)
     stop = threading.Event()
     answers: list[tuple[float, int, str | None]] = []  # (when it came, status, label)
     switched_at: list[float] = []
@@ -169,13 +182,12 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
     assert served["modelVersion"] == "2.0"
     assert (served["batchSize"], served["maxBatchDelay"], served["minWorkers"]) == (8, 20, OLD_WORKERS)
     assert len(served["workers"]) == OLD_WORKERS and all(worker["status"] == "READY" for worker in served["workers"])
-    unregister_all(server, model)
 
 
-def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives):
+def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, register_old):
     """Pins TorchServe 0.12: unregistering a version right after the switch fails what it holds."""
     model = "naive"
-    register_old(server, archives, model)
+    register_old(model)
     install(server, archives["new"], "naive-2.mar")
     assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -187,13 +199,13 @@ def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives):
         assert requests.put(f"{management}/2.0/set-default", headers=headers, timeout=10).status_code == 200
         assert requests.delete(f"{management}/1.0", headers=headers, timeout=60).status_code == 200
         status, _ = held.result()
-    assert status != 200, "TorchServe now finishes a batch in flight before unregistering: the drain may be simpler"
-    unregister_all(server, model)
+    # 500 "Worker died." for a batch in flight, no answer at all (0) for one still queued or being collected.
+    assert status in (0, 500), f"{status}: TorchServe now treats what a version holds otherwise: revisit the drain"
 
 
-def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, archives, tmp_path):
+def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, archives, register_old, tmp_path):
     model = "rollback"
-    register_old(server, archives, model)
+    register_old(model)
     bad = install(server, archives["bad"], "rollback-3.mar")
     update = run_update(server, bad, "--model", model)
     assert update.returncode == 1
@@ -218,4 +230,3 @@ def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, arc
     outside = run_update(server, elsewhere, "--model", model)
     assert outside.returncode == 2 and "not in the server's model store" in outside.stderr, outside.stderr
     assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
-    unregister_all(server, model)
