@@ -14,29 +14,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import requests
 
-from tooling.paths import REPO
-from tooling.torchserve import RunningServer
+from tooling.torchserve import add_running_server_arguments, running_server
 
 KINDS = ("inference", "management")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
-    parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
+    add_running_server_arguments(parser)
     sys.stdout.reconfigure(line_buffering=True)
     args = parser.parse_args(argv)
-    if not args.config.is_file():
-        parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
-    try:
-        server = RunningServer.from_files(args.config, args.key_file)
-    except OSError as error:
-        print(f"rotate_keys: {error}", file=sys.stderr)
-        return 1
+    server = running_server(parser, args)
     if server.key_file is None:
         print("rotate_keys: the server's configuration turns token authorization off: it has no keys", file=sys.stderr)
         return 1

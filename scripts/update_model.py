@@ -23,7 +23,7 @@ import requests
 from tooling.model_archive import NotAnArchive, archive_name, archive_version
 from tooling.model_update import UpdateFailed, update_model
 from tooling.paths import REPO, REVIEW
-from tooling.torchserve import RunningServer, load_failure_cause
+from tooling.torchserve import add_running_server_arguments, load_failure_cause, running_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,17 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         help="wait after the old version's queue is empty (default: its maxBatchDelay + responseTimeout); a "
         "batch it still runs when the wait ends fails",
     )
-    parser.add_argument("--config", type=Path, default=REPO / "logs" / "config.properties", help="server's config")
-    parser.add_argument("--key-file", type=Path, default=REPO / "key_file.json", help="server's key_file.json")
+    add_running_server_arguments(parser)
     parser.add_argument("--log", type=Path, default=REPO / "logs" / "model_log.log", help="the workers' log")
     args = parser.parse_args(argv)
-    if not args.config.is_file():
-        parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
-    try:
-        server = RunningServer.from_files(args.config, args.key_file)
-    except OSError as error:
-        print(f"update_model: {error}", file=sys.stderr)
-        return 1
+    server = running_server(parser, args)
     if args.archive.resolve().parent != server.model_store:
         parser.error(f"{args.archive} is not in the server's model store {server.model_store}: copy it there")
     try:

@@ -10,6 +10,7 @@ installs no signal handler and no atexit hook.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.paths import METRICS_CONFIG, SERVER_CONFIG
+from tooling.paths import METRICS_CONFIG, REPO, SERVER_CONFIG
 
 PORT_NAMES = ("inference", "management", "metrics", "grpc_i", "grpc_m")
 
@@ -173,6 +174,26 @@ class RunningServer:
             f"the server refused the {api} key in {self.key_file}: keys expire {self.key_lifetime_min:g} minutes "
             "(token_expiration_min) after they are issued; python -m scripts.rotate_keys issues new ones"
         )
+
+
+# Where scripts/serve.sh's server keeps its configuration and keys: the scripts that reach it default to these.
+SERVE_SH_CONFIG = REPO / "logs" / "config.properties"
+SERVE_SH_KEY_FILE = REPO / "key_file.json"
+
+
+def add_running_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=SERVE_SH_CONFIG, help="the server's config.properties")
+    parser.add_argument("--key-file", type=Path, default=SERVE_SH_KEY_FILE, help="the server's key_file.json")
+
+
+def running_server(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunningServer:
+    """The server add_running_server_arguments' options name; parser.error (exit 2) when it cannot be reached."""
+    if not args.config.is_file():
+        parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
+    try:
+        return RunningServer.from_files(args.config, args.key_file)
+    except OSError as error:
+        parser.error(str(error))
 
 
 def default_workers() -> int:
