@@ -68,13 +68,6 @@ class ServedVersion:
         return self.max_batch_delay / 1000 + self.response_timeout
 
 
-@dataclass(frozen=True)
-class Update:
-    model: str
-    old: ServedVersion  # as it was served before the update
-    new_version: str
-
-
 class _Management:
     """The management calls an update makes, for one model; the key is read at each call (it may rotate)."""
 
@@ -181,7 +174,7 @@ def update_model(
     load_timeout_s: float = 600.0,
     say: Callable[[str], None] = print,
     explain_load_failure: Callable[[], str | None] = lambda: None,
-) -> Update:
+) -> None:
     """Serve `archive` (a file name in the server's model store, carrying `version`) as `model`'s default,
     then retire the version that served before; raises UpdateFailed saying what serves.
 
@@ -225,7 +218,6 @@ def update_model(
             f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle"
         )
     say(f"==> {model} {old.version} unregistered; {model} serves {version}")
-    return Update(model, old, version)
 
 
 def _bring_up(

@@ -160,13 +160,14 @@ class RunningServer:
     def request(self, session: requests.Session, method: str, url: str, api: str, **kwargs) -> requests.Response:
         """A call with `api`'s key. TorchServe switches to a rotated key a moment before it rewrites key_file.json,
         so a call refused in that moment is made once more with the file's new key."""
-        headers = {**kwargs.pop("headers", {}), **self.headers(api)}
-        response = session.request(method, url, headers=headers, **kwargs)
-        if self.key_file is not None and key_refused(response):
+        other_headers = kwargs.pop("headers", {})
+        used = self.headers(api)
+        response = session.request(method, url, headers={**other_headers, **used}, **kwargs)
+        if used and key_refused(response):
             time.sleep(0.2)
             fresh = self.headers(api)
-            if fresh != {k: v for k, v in headers.items() if k == "Authorization"}:
-                response = session.request(method, url, headers={**headers, **fresh}, **kwargs)
+            if fresh != used:
+                response = session.request(method, url, headers={**other_headers, **fresh}, **kwargs)
         return response
 
     def refusal_hint(self, api: str) -> str:
@@ -300,14 +301,8 @@ class TorchServe:
         return self.workdir / "key_file.json"
 
     def running(self) -> RunningServer:
-        """This server as the scripts reach one started elsewhere (RunningServer.from_files)."""
-        return RunningServer(
-            self.inference_url,
-            self.management_url,
-            self.model_store.resolve(),
-            self.key_file if self.token_auth else None,
-            float(self.properties.get("token_expiration_min", DEFAULT_KEY_LIFETIME_MIN)),
-        )
+        """This server as the scripts reach one started elsewhere: from its config and key file."""
+        return RunningServer.from_files(self.config_path, self.key_file)
 
     def keys(self) -> dict[str, str]:
         """Current keys from key_file.json: {'management': ..., 'inference': ..., 'API': ...}."""
