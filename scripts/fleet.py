@@ -4,10 +4,13 @@
     .venv/bin/python -m scripts.fleet status              # what runs, HAProxy's and Prometheus's view
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
+    .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started
 
 `up` serves model_store/bert.mar (built by scripts/setup.sh) as `bert` with the cluster configuration,
 writes logs/fleet.json, and returns once every replica is ready and every scrape target is up.
+`roll` drains one replica at a time, restarts it on the archive, probes it and puts it back, failing
+no request; a replica that cannot serve the archive rolls every replica back (tooling/fleet_roll.py).
 Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
 """
 
@@ -21,8 +24,9 @@ from pathlib import Path
 
 from tooling.fleet import DEFAULT_ROOT, Fleet, haproxy_command, haproxy_servers, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
+from tooling.fleet_roll import roll
 from tooling.latency_budget import DEFAULT_BUDGET_MS
-from tooling.paths import MODEL_STORE
+from tooling.paths import MODEL_STORE, REVIEW
 
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
 
@@ -92,6 +96,18 @@ def set_state(args: argparse.Namespace) -> int:
     return 1 if answer else 0
 
 
+def roll_archive(args: argparse.Namespace) -> int:
+    fleet = Fleet.attach(args.root)
+    archive = Path(args.archive)
+    store = fleet.spec.model_store.resolve()
+    if len(archive.parts) > 1 and archive.resolve().parent != store:
+        raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
+    steps = roll(fleet, archive.name, args.probe.read_bytes())
+    slowest = max(step.seconds for step in steps)
+    print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
+    return 0
+
+
 def down(args: argparse.Namespace) -> int:
     stopped = stop_fleet(args.root)
     print("==> stopped " + (", ".join(stopped) if stopped else "nothing (no fleet was running)"))
@@ -116,13 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument(
         "--alert-for", action="append", default=[], metavar="ALERT=DURATION", help="e.g. BertReplicaDown=10s"
     )
+    rolling = commands.add_parser("roll", help="serve another archive, one replica at a time, failing no request")
+    rolling.add_argument("archive", help="the new .mar, in the fleet's model store (a file name or a path)")
+    rolling.add_argument("--probe", type=Path, default=REVIEW, help="a text file each replica must answer (200)")
     commands.add_parser("status", help="show the running fleet")
     commands.add_parser("down", help="stop the fleet")
     for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):
         commands.add_parser(state, help=f"HAProxy: {what}").add_argument("replica", help="r0, r1, ...")
     args = parser.parse_args(argv)
     try:
-        return {"up": up, "status": status, "down": down, "drain": set_state, "ready": set_state}[args.command](args)
+        commands_run = {"up": up, "status": status, "roll": roll_archive, "down": down}
+        return commands_run.get(args.command, set_state)(args)
     except FleetError as error:
         print(f"fleet: {error}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ import requests
 from tooling.model_archive import NotAnArchive, archive_name, archive_version
 from tooling.model_update import UpdateFailed, update_model
 from tooling.paths import REPO, REVIEW
-from tooling.torchserve import add_running_server_arguments, load_failure_cause, running_server
+from tooling.torchserve import add_running_server_arguments, new_load_failure, running_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,20 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     except NotAnArchive as error:
         parser.error(str(error))
     model = args.model or name
-    # Only what the workers log from now on can explain this archive's load failure.
-    log_start = args.log.stat().st_size if args.log.is_file() else 0
-
-    def explain() -> str | None:
-        if not args.log.is_file():
-            return None
-        with args.log.open("rb") as log:
-            log.seek(log_start if args.log.stat().st_size >= log_start else 0)  # 0: log4j rolled it over
-            return load_failure_cause(log.read().decode("utf-8", errors="replace"))
-
     try:
         update_model(
             server, model, args.archive.name, version, args.probe.read_bytes(),
-            grace_s=args.grace_seconds, explain_load_failure=explain,
+            grace_s=args.grace_seconds, explain_load_failure=new_load_failure(args.log),
         )  # fmt: skip
     except UpdateFailed as failed:
         print(f"update_model: {failed}", file=sys.stderr)

@@ -68,11 +68,13 @@ def make_archive(model_store, tmp_path_factory):
     """Build <name>.mar into the private store from a checkpoint and optional handler options."""
     from tooling.archiving import build_archive, write_model_config
 
-    def make(checkpoint: Path, name: str, model_config: dict | None = None, **handler_options) -> str:
+    def make(
+        checkpoint: Path, name: str, model_config: dict | None = None, version: str = "1.0", **handler_options
+    ) -> str:
         config = write_model_config(
             tmp_path_factory.mktemp("config") / "model-config.yaml", model_config, **handler_options
         )
-        build_archive(checkpoint, name=name, export_path=model_store, config_file=config)
+        build_archive(checkpoint, name=name, export_path=model_store, config_file=config, version=version)
         return f"{name}.mar"
 
     return make

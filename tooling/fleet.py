@@ -15,9 +15,10 @@ The same components as a production fleet, on loopback ports:
   recording and alerting rules (deploy/prometheus/).
 
 What was started is written to `<root>/fleet.json` (the public description: front URL, Prometheus
-URL, HAProxy's socket, each replica's Java frontend pid and URLs) and `<root>/fleet/processes.json`
-(what `down` needs: each process id with its start time, so a recycled pid is never signalled).
-Every process is stopped by its id (a replica by its process group), never by name.
+URL, HAProxy's socket, each replica's Java frontend pid, URLs and archive), `<root>/fleet/processes.json`
+(what `down` needs: each process id with its start time, so a recycled pid is never signalled) and
+`<root>/fleet/layout.json` (what another process needs to operate the fleet: `Fleet.attach`, used by
+`scripts.fleet roll`). Every process is stopped by its id (a replica by its process group), never by name.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
@@ -54,9 +55,10 @@ from tooling.fleet_config import (
 )
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
-from tooling.torchserve import TorchServe, free_port
+from tooling.torchserve import TorchServe, free_port, new_load_failure
 
 DEFAULT_ROOT = REPO / "logs"
+PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
 INSTALL_HINT = (
@@ -179,13 +181,14 @@ def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
 
 @dataclass
 class Replica:
-    """One TorchServe replica: its name in HAProxy, its fixed addresses, its cores, its running server."""
+    """One TorchServe replica: its name in HAProxy, its fixed addresses, its cores, its archive, its server."""
 
     name: str
     workdir: Path
     addresses: dict[str, str]  # properties that fix its ports: reused when it is restarted
     cores: list[int] | None
-    server: TorchServe | None = None
+    archive: str  # file name in the model store: the spec's, until a roll replaces it
+    server: TorchServe | None = None  # None in a fleet attached from another process: it has the leader only
     java_pid: int | None = None
     leader: dict[str, float] | None = None  # the torchserve process (its process group) with its start time
 
@@ -215,7 +218,7 @@ class Fleet:
 
     `root` holds fleet.json and the fleet/ directory (every replica's working directory, HAProxy's
     and Prometheus's configuration, data and logs). For a fleet started by another process use
-    `stop_fleet(root)`.
+    `Fleet.attach(root)` to operate it, or `stop_fleet(root)` to stop it.
     """
 
     def __init__(self, spec: FleetSpec, root: Path = DEFAULT_ROOT) -> None:
@@ -224,6 +227,7 @@ class Fleet:
         self.dir = self.root / "fleet"
         self.state_file = self.root / "fleet.json"
         self.processes_file = self.dir / "processes.json"
+        self.layout_file = self.dir / "layout.json"
         self.replicas: list[Replica] = []
         self.haproxy: subprocess.Popen | None = None
         self.prometheus: subprocess.Popen | None = None
@@ -232,7 +236,34 @@ class Fleet:
         self.prometheus_port = 0
         self.socket_path = self.dir / "haproxy.sock"
         self.response_timeout = 0
+        # HAProxy's and Prometheus's pids with start times; in an attached fleet they are all it has of them.
+        self.records: dict[str, dict[str, float] | None] = {"haproxy": None, "prometheus": None}
         self._logs: list = []
+
+    @classmethod
+    def attach(cls, root: Path = DEFAULT_ROOT) -> Fleet:
+        """The fleet that `up()` started under `root` in another process, to operate: roll, restart, down.
+
+        It holds no process object, only the records: replicas are reached by their addresses and
+        stopped by their process groups, HAProxy through its socket.
+        """
+        root = Path(root)
+        try:
+            layout = json.loads((root / "fleet" / "layout.json").read_text())
+            records = json.loads((root / "fleet" / "processes.json").read_text())
+            state = read_state(root)
+        except FileNotFoundError:
+            raise FleetError(f"no fleet is up under {root} (start one with `up`)") from None
+        spec = layout["spec"]
+        fleet = cls(FleetSpec(**{**spec, "model_store": Path(spec["model_store"])}), root)
+        fleet.response_timeout = layout["response_timeout"]
+        fleet.front_port, fleet.stats_port, fleet.prometheus_port = (layout["ports"][k] for k in PORT_KEYS)
+        fleet.records = {name: records.get(name) for name in fleet.records}
+        for row, described, leader in zip(layout["replicas"], state["replicas"], records["replicas"], strict=True):
+            replica = Replica(row["name"], Path(row["workdir"]), row["addresses"], row["cores"], row["archive"])
+            replica.java_pid, replica.leader = described["pid"], leader
+            fleet.replicas.append(replica)
+        return fleet
 
     # ---- addresses --------------------------------------------------------------------------------
 
@@ -260,7 +291,12 @@ class Fleet:
             "prometheus": self.prometheus_url,
             "haproxy_socket": str(self.socket_path),
             "replicas": [
-                {"pid": replica.java_pid, "inference": replica.inference_url, "metrics": replica.metrics_url}
+                {
+                    "pid": replica.java_pid,
+                    "inference": replica.inference_url,
+                    "metrics": replica.metrics_url,
+                    "archive": replica.archive,
+                }
                 for replica in self.replicas
             ],
         }
@@ -278,8 +314,7 @@ class Fleet:
         if not archive.is_file():
             raise FleetError(f"no archive {archive} (scripts/setup.sh builds model_store/bert.mar)")
         self.dir.mkdir(parents=True, exist_ok=True)
-        server_default = int(self._base_properties()["default_response_timeout"])
-        self.response_timeout = archive_response_timeout(archive, default=server_default)
+        self.response_timeout = self.response_timeout_of(self.spec.archive)
         try:
             self._start_replicas(timeout)
             self._start_haproxy()
@@ -291,18 +326,20 @@ class Fleet:
         return self
 
     def down(self) -> None:
-        """Stop everything this fleet started, by pid, and remove its state files."""
+        """Stop everything this fleet runs, by pid, and remove its state files.
+
+        What this object started is stopped through it; then whatever the records name that still runs:
+        a replica that another process restarted (`scripts.fleet roll`), or, in an attached fleet, all.
+        """
         self._stop_popen(self.prometheus)
         self.prometheus = None
         self._stop_popen(self.haproxy)
         self.haproxy = None
         in_parallel([lambda r=replica: self._stop_replica(r) for replica in self.replicas])
+        stop_fleet(self.root)
         for log in self._logs:
             log.close()
         self._logs.clear()
-        self.state_file.unlink(missing_ok=True)
-        self.processes_file.unlink(missing_ok=True)
-        self.socket_path.unlink(missing_ok=True)
 
     def __enter__(self) -> Fleet:
         return self.up()
@@ -312,11 +349,11 @@ class Fleet:
 
     # ---- replicas ---------------------------------------------------------------------------------
 
-    def _base_properties(self) -> dict[str, str]:
+    def _base_properties(self, archive: str) -> dict[str, str]:
         from tooling.cluster_config import cluster_properties
 
         options = {
-            "archive": self.spec.archive,
+            "archive": archive,
             "batch_size": self.spec.batch_size,
             "max_batch_delay": self.spec.max_batch_delay,
             "workers": self.spec.workers,
@@ -326,12 +363,17 @@ class Fleet:
             options["job_queue_size"] = self.spec.job_queue_size
         return cluster_properties(self.spec.model_name, **options)
 
+    def response_timeout_of(self, archive: str) -> int:
+        """The response timeout a replica gives `archive` (a file name in the model store)."""
+        server_default = int(self._base_properties(archive)["default_response_timeout"])
+        return archive_response_timeout(Path(self.spec.model_store) / archive, default=server_default)
+
     def _start_replicas(self, timeout: float) -> None:
         cores = os.sched_getaffinity(0)
         shares = core_shares(self.spec.replicas, cores) if self.spec.pin_cores else [None] * self.spec.replicas
         for index, share in enumerate(shares):
             workdir = self.dir / f"r{index}"
-            server = TorchServe(workdir, self.spec.model_store, base=self._base_properties())
+            server = TorchServe(workdir, self.spec.model_store, base=self._base_properties(self.spec.archive))
             addresses = {
                 key: server.properties[key]
                 for key in (
@@ -342,12 +384,12 @@ class Fleet:
                     "grpc_management_port",
                 )
             }
-            self.replicas.append(Replica(f"r{index}", workdir, addresses, share, server))
-        self._save_state()
+            self.replicas.append(Replica(f"r{index}", workdir, addresses, share, self.spec.archive, server))
+        self.save_state()
         # In parallel: on 2 cores, two JVMs starting one after the other double the wait.
         errors: list[BaseException] = []
         in_parallel([lambda r=replica: self._start_replica_thread(r, timeout, errors) for replica in self.replicas])
-        self._save_state()
+        self.save_state()
         if errors:
             raise errors[0]
 
@@ -366,15 +408,27 @@ class Fleet:
         if replica.cores is not None:
             os.sched_setaffinity(0, replica.cores)
         assert replica.server is not None
+        # TorchServe retries a model that fails to load for ever, with back-off: its workers' log says why.
+        load_failure = new_load_failure(replica.workdir / "logs" / "model_log.log")
         replica.server.start(timeout=timeout)
         assert replica.server.process is not None
         replica.leader = process_record(replica.server.process.pid)
         replica.java_pid = java_frontend(replica.server.process.pid).pid
-        wait_for(lambda: self.replica_ready(replica), timeout, f"replica {replica.name}'s model to be ready")
+
+        def loaded() -> bool:
+            cause = load_failure()
+            if cause:
+                raise FleetError(f"replica {replica.name} cannot load {replica.archive}: {cause}")
+            return self.replica_ready(replica)
+
+        wait_for(loaded, timeout, f"replica {replica.name}'s model to be ready")
 
     def replica_ready(self, replica: Replica) -> bool:
-        """Every worker of the model READY (management API, which listens on loopback only)."""
-        return replica.server is not None and replica.server.model_ready(self.spec.model_name)
+        """Every worker of the model READY (management API, which listens on loopback only, without a key)."""
+        response = requests.get(f"{replica.management_url}/models/{self.spec.model_name}", timeout=2)
+        response.raise_for_status()
+        workers = response.json()[0]["workers"]
+        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
 
     def _stop_replica(self, replica: Replica) -> None:
         if replica.leader is not None and same_process(replica.leader):
@@ -387,16 +441,21 @@ class Fleet:
             stop_recorded(replica.leader, group=True)
         replica.leader = None
 
-    def restart_replica(self, index: int, timeout: float = 120.0) -> Replica:
-        """Stop what is left of replica `index` and start it again on the same ports (HAProxy knows them)."""
+    def restart_replica(self, index: int, timeout: float = 120.0, archive: str | None = None) -> Replica:
+        """Stop what is left of replica `index` and start it again on the same ports (HAProxy knows them),
+        on `archive` (a file name in the model store) when given, else on the one it ran."""
         replica = self.replicas[index]
         self._stop_replica(replica)
+        replica.archive = archive or replica.archive
         replica.server = TorchServe(
-            replica.workdir, self.spec.model_store, overrides=replica.addresses, base=self._base_properties()
+            replica.workdir,
+            self.spec.model_store,
+            overrides=replica.addresses,
+            base=self._base_properties(replica.archive),
         )
         errors: list[BaseException] = []
         in_parallel([lambda: self._start_replica_thread(replica, timeout, errors)])  # a thread of its own: pinning
-        self._save_state()
+        self.save_state()
         if errors:
             raise errors[0]
         return replica
@@ -437,7 +496,8 @@ class Fleet:
         self.socket_path.unlink(missing_ok=True)
         # -db: stay in the foreground, one process, so its pid is the one to stop.
         self.haproxy = self._spawn(["haproxy", "-db", "-f", str(config)], "haproxy.log")
-        self._save_state()
+        self.records["haproxy"] = process_record(self.haproxy.pid)
+        self.save_state()
 
     def _start_prometheus(self) -> None:
         self.prometheus_port = free_port()
@@ -463,7 +523,8 @@ class Fleet:
             "--log.level=warn",
         ]
         self.prometheus = self._spawn(command, "prometheus.log")
-        self._save_state()
+        self.records["prometheus"] = process_record(self.prometheus.pid)
+        self.save_state()
 
     def _stop_popen(self, process: subprocess.Popen | None) -> None:
         if process is None:
@@ -533,25 +594,32 @@ class Fleet:
 
     # ---- state ------------------------------------------------------------------------------------
 
-    def _save_state(self) -> None:
+    def save_state(self) -> None:
+        """Write fleet.json, processes.json and layout.json for what runs now (after every start and restart)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
-        records = {
-            "replicas": [replica.leader for replica in self.replicas],
-            "haproxy": process_record(self.haproxy.pid) if self.haproxy and self.haproxy.poll() is None else None,
-            "prometheus": (
-                process_record(self.prometheus.pid) if self.prometheus and self.prometheus.poll() is None else None
-            ),
-        }
+        records = {"replicas": [replica.leader for replica in self.replicas], **self.records}
         self.processes_file.write_text(json.dumps(records, indent=2) + "\n")
+        ports = dict(zip(PORT_KEYS, (self.front_port, self.stats_port, self.prometheus_port), strict=True))
+        layout = {
+            "spec": asdict(self.spec),
+            "response_timeout": self.response_timeout,
+            "ports": ports,
+            "replicas": [
+                {key: getattr(r, key) for key in ("name", "workdir", "addresses", "cores", "archive")}
+                for r in self.replicas
+            ],
+        }
+        self.layout_file.write_text(json.dumps(layout, indent=2, default=str) + "\n")
 
 
 def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:
-    """Stop a fleet that `Fleet.up()` started in another process, from its records; what was stopped."""
+    """Stop the fleet under `root` from its records (one `up` started in another process, say); what was stopped."""
     root = Path(root)
     state_file = root / "fleet.json"
     processes_file = root / "fleet" / "processes.json"
+    (root / "fleet" / "layout.json").unlink(missing_ok=True)
     if not processes_file.exists():
         state_file.unlink(missing_ok=True)
         return []

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +85,24 @@ def load_failure_cause(log_text: str) -> str | None:
     """
     found = _WORKER_EXCEPTION.findall(log_text)
     return found[-1] if found else None
+
+
+def new_load_failure(log: Path) -> Callable[[], str | None]:
+    """A reader of the load failure among the lines `log` gains from now on (None while there is none).
+
+    A server's log keeps earlier runs and earlier models: only what is written after this call can
+    explain the load that is about to start.
+    """
+    start = log.stat().st_size if log.is_file() else 0
+
+    def read() -> str | None:
+        if not log.is_file():
+            return None
+        with log.open("rb") as text:
+            text.seek(start if log.stat().st_size >= start else 0)  # 0: log4j rolled it over
+            return load_failure_cause(text.read().decode("utf-8", errors="replace"))
+
+    return read
 
 
 def read_properties(path: Path) -> dict[str, str]:

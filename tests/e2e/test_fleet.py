@@ -25,6 +25,7 @@ import requests
 from tests.support import expected_alone
 from tooling.fleet import Fleet, missing_system_commands, read_state, wait_for
 from tooling.fleet_config import FleetSpec
+from tooling.fleet_roll import roll
 from tooling.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -65,6 +66,19 @@ def fleet_archive(tiny_checkpoint, make_archive) -> str:
         tiny_checkpoint,
         "fleet-tiny",
         model_config={"responseTimeout": RESPONSE_TIMEOUT_S},
+        fault_marker=SLOW_MARKER,
+        fault_delay_s=SLOW_DELAY_S,
+    )
+
+
+@pytest.fixture(scope="module")
+def next_archive(tiny_checkpoint, make_archive) -> str:
+    """The fleet's model as version 2.0, what a roll moves it onto: the answers stay the same, so each is checked."""
+    return make_archive(
+        tiny_checkpoint,
+        "fleet-tiny-2",
+        model_config={"responseTimeout": RESPONSE_TIMEOUT_S},
+        version="2.0",
         fault_marker=SLOW_MARKER,
         fault_delay_s=SLOW_DELAY_S,
     )
@@ -213,8 +227,11 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 # ---- the command ----------------------------------------------------------------------------------------
 
 
-def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(fleet_archive, model_store, tmp_path):
-    """`scripts/fleet.py up --replicas 2` prints a curl that works; `down`, another process, stops every pid."""
+def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
+    fleet_archive, model_store, tiny_checkpoint, make_archive, tmp_path
+):
+    """`scripts/fleet.py up --replicas 2` prints a curl that works; `roll` onto an archive that cannot load
+    fails no request and leaves every replica on the one it ran; `down`, another process, stops every pid."""
     require_system_packages()
     root = tmp_path / "cli"
 
@@ -227,12 +244,30 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(fleet_
         assert started.returncode == 0, started.stdout + started.stderr
         state = read_state(root)
         assert set(state) == {"front", "prometheus", "haproxy_socket", "replicas"}
-        assert [set(r) for r in state["replicas"]] == [{"pid", "inference", "metrics"}] * 2
+        assert [set(r) for r in state["replicas"]] == [{"pid", "inference", "metrics", "archive"}] * 2
         assert all(psutil.Process(r["pid"]).name() == "java" for r in state["replicas"])
         curl = next(line.strip() for line in started.stdout.splitlines() if line.strip().startswith("curl "))
         assert state["front"] in curl
         answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30)
         assert json.loads(answer.stdout)["label"] in {"negative", "positive"}, answer.stdout + answer.stderr
+        assert fleet_command("status").returncode == 0
+
+        slower = make_archive(tiny_checkpoint, "fleet-slower")  # the default response timeout, 60 s against 3 s
+        refused = fleet_command("roll", slower)
+        assert refused.returncode == 1 and "HAProxy would cut its slow batches short" in refused.stderr, refused
+        assert [r["pid"] for r in read_state(root)["replicas"]] == [r["pid"] for r in state["replicas"]]
+
+        unloadable = make_archive(
+            tiny_checkpoint, "fleet-unloadable", model_config={"responseTimeout": RESPONSE_TIMEOUT_S}, max_length="long"
+        )
+        with Load(state["front"], timeout=60, clients=4) as load:
+            refused = fleet_command("roll", unloadable)
+        failed = [o for o in load.outcomes if not o.ok]
+        print(f"\nroll onto an unloadable archive: {refused.stdout}{refused.stderr}{len(load.outcomes)} requests")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "max_length" in refused.stderr and "Rolled back" in refused.stderr, refused.stderr
+        assert load.outcomes and not failed, failed[:3]
+        assert [r["archive"] for r in read_state(root)["replicas"]] == [fleet_archive] * 2
         assert fleet_command("status").returncode == 0
         records = json.loads((root / "fleet" / "processes.json").read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
@@ -521,3 +556,53 @@ def test_every_dashboard_panel_returns_data_after_traffic(fleet, failover_run):
         f"\ndashboard: {sum(len(p['targets']) for p in panels)} queries over {len(panels)} panels, {len(empty)} empty"
     )
     assert not empty, empty
+
+
+# ---- rolling onto another archive ------------------------------------------------------------------------
+
+
+def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or_is_retried(
+    healthy_fleet, next_archive, answers_alone
+):
+    """Each replica is drained, restarted on the archive, probed and put back: no request fails, and none
+    needed HAProxy's retry, so each drain waited for what its replica held (slow batches keep it holding)."""
+    fleet = healthy_fleet
+    java_pids = [replica.java_pid for replica in fleet.replicas]
+    before = fleet.servers()
+    stop = threading.Event()
+    held: list[int] = []
+
+    def hold_a_batch() -> None:
+        while not stop.is_set():
+            text = f"{SLOW_MARKER}: this batch takes {SLOW_DELAY_S}s"
+            answer = requests.post(f"{fleet.front_url}/predictions/bert", data=text.encode(), timeout=60)
+            held.append(answer.status_code)
+
+    holders = [threading.Thread(target=hold_a_batch) for _ in range(2)]
+    with Load(fleet.front_url, request_timeout(fleet)) as load:
+        for thread in holders:
+            thread.start()
+        time.sleep(1.0)
+        steps = roll(fleet, next_archive, b"the room was clean", say=print)
+        rolled_at = time.monotonic()
+        time.sleep(1.5)
+        stop.set()
+    for thread in holders:
+        thread.join()
+    after = fleet.servers()
+    retried = sum(int(after[n][c] or 0) - int(before[n][c] or 0) for n in after for c in ("wretr", "wredis"))
+    failed = [o for o in load.outcomes if not o.ok]
+    since = [o for o in load.outcomes if o.sent > rolled_at]
+    print(
+        f"\nroll: {len(load.outcomes)} requests and {len(held)} slow ones; "
+        + "; ".join(f"{s.replica} out {s.seconds:.1f}s, {s.in_flight_at_drain} in flight at drain" for s in steps)
+        + f"; {retried} retried; {len(failed)} failed"
+    )
+    assert not failed and set(held) == {200}, (failed[:3], held)
+    assert not wrong_answers(load.outcomes, answers_alone)
+    assert retried == 0, "a replica was stopped with requests in flight: HAProxy had to send them again"
+    assert [step.replica for step in steps] == ["r0", "r1"]
+    assert [replica.server.describe("bert")[0]["modelVersion"] for replica in fleet.replicas] == ["2.0", "2.0"]
+    assert not {replica.java_pid for replica in fleet.replicas} & set(java_pids)
+    assert [row["archive"] for row in read_state(fleet.root)["replicas"]] == [next_archive] * 2
+    assert {o.replica for o in since} == {"r0", "r1"}, "both replicas serve again after the roll"
