@@ -23,7 +23,7 @@ from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
-from handlers.responses import Answer, to_json
+from handlers.responses import Answer, ModelIdentity, to_json
 from handlers.tokenization import encode
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class BertSequenceClassifierHandler(BaseHandler):
         super().__init__()
         self.served: LoadedModel | None = None
         self.model_name = "model"
+        self.identity = ModelIdentity(self.model_name)
         self.metrics = HandlerMetrics(None, "")
 
     def initialize(self, context) -> None:
@@ -64,6 +65,8 @@ class BertSequenceClassifierHandler(BaseHandler):
             where = "the CPU" if gpu_id is None else f"GPU {gpu_id}"
             raise ModelLoadFailed(f"cannot load {self.model_name} on {where}: {type(exc).__name__}: {exc}") from exc
         self.metrics = HandlerMetrics(getattr(context, "metrics", None), self.model_name)
+        version = (self.manifest or {}).get("model", {}).get("modelVersion")
+        self.identity = ModelIdentity(self.model_name, None if version is None else str(version))
         self.served = served
         self.initialized = True
         frames = "buffered" if install_buffered_frame_reader() else "TorchServe's own"
@@ -84,7 +87,7 @@ class BertSequenceClassifierHandler(BaseHandler):
         started = time.perf_counter()
         headers = [_request_headers(context, index) for index in range(len(data))]
         try:
-            outcome = answer_batch(data, headers, self.served, self.model_name)
+            outcome = answer_batch(data, headers, self.served, self.identity)
         except Exception:
             # The pipeline answers what it can itself; this is the net under the pipeline's own code.
             logger.exception("answer_batch raised on a batch of %d requests; every request gets 500", len(data))

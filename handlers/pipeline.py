@@ -29,7 +29,7 @@ from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.protocols import PREDICTIONS, ROUTE_KSERVE, ParsedRequest, read_request, route_of
 from handlers.rejection import Rejection
-from handlers.responses import Answer, Prediction, error_answer, success_answer
+from handlers.responses import Answer, ModelIdentity, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode
 from handlers.validation import validate_instance
 
@@ -223,7 +223,7 @@ def first_rejection(request: ParsedRequest, rejected: Mapping[int, Rejection]) -
 
 def regroup(
     requests: Sequence[ParsedRequest], predictions: Mapping[InstanceKey, Prediction], rejected: Rejected,
-    model_name: str, labels: Sequence[str],
+    identity: ModelIdentity, labels: Sequence[str],
 ) -> list[Answer]:  # fmt: skip
     """Each request's instance results, in order, turned into its one answer."""
     by_request: dict[int, dict[int, Rejection]] = {}
@@ -240,7 +240,7 @@ def regroup(
             # Not one of the pipeline's outcomes: never answer a request with a prediction missing.
             answers.append(error_answer(request, None, rejection.internal_error()))
             continue
-        answers.append(success_answer(request, served, labels, model_name))  # type: ignore[arg-type] - no None left
+        answers.append(success_answer(request, served, labels, identity))  # type: ignore[arg-type] - no None left
     return answers
 
 
@@ -248,7 +248,7 @@ def regroup(
 
 
 def answer_batch(
-    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], model: LoadedModel, model_name: str
+    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], model: LoadedModel, identity: ModelIdentity
 ) -> BatchOutcome:
     """Every request of the batch answered by index. Never raises for a request's content."""
     clock = _StageClock()
@@ -277,7 +277,7 @@ def answer_batch(
         for key in servable(texts, rejected):
             if key not in predictions:
                 rejected[key] = rejection.internal_error()
-    answers = regroup(requests, predictions, rejected, model_name, model.labels)
+    answers = regroup(requests, predictions, rejected, identity, model.labels)
     clock.lap("response")
     return BatchOutcome(answers, len(counted.groups), counted.real_tokens, counted.padded_tokens, clock.laps)
 

@@ -25,6 +25,17 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class ModelIdentity:
+    """The model a KServe v2 answer names: its name and, when its archive carries one, its version.
+
+    While two versions serve under one name (scripts/update_model.py), or a fleet rolls from one
+    archive to the next, `model_version` tells a v2 client which one answered."""
+
+    name: str
+    version: str | None = None
+
+
+@dataclass(frozen=True)
 class Answer:
     """The status and JSON body one request gets."""
 
@@ -66,22 +77,24 @@ def error_answer(request: ParsedRequest, position: int | None, reason: Rejection
 
 
 def success_answer(
-    request: ParsedRequest, predictions: Sequence[Prediction], labels: Sequence[str], model_name: str
+    request: ParsedRequest, predictions: Sequence[Prediction], labels: Sequence[str], model: ModelIdentity
 ) -> Answer:
     """The 200 answer to a request, given a prediction for each of its instances (in order)."""
     if request.protocol == KSERVE_V1:
         return Answer(200, {"predictions": [prediction_body(p, labels) for p in predictions]})
     if request.protocol == KSERVE_V2:
-        return Answer(200, _v2_body(request, predictions, labels, model_name))
+        return Answer(200, _v2_body(request, predictions, labels, model))
     return Answer(200, prediction_body(predictions[0], labels))
 
 
 def _v2_body(
-    request: ParsedRequest, predictions: Sequence[Prediction], labels: Sequence[str], model_name: str
+    request: ParsedRequest, predictions: Sequence[Prediction], labels: Sequence[str], model: ModelIdentity
 ) -> dict[str, Any]:
     bodies = [prediction_body(p, labels) for p in predictions]
     n = len(predictions)
-    body: dict[str, Any] = {"model_name": model_name}
+    body: dict[str, Any] = {"model_name": model.name}
+    if model.version is not None:
+        body["model_version"] = model.version
     if request.request_id is not None:
         body["id"] = request.request_id
     body["outputs"] = [

@@ -102,6 +102,8 @@ def roll_archive(args: argparse.Namespace) -> int:
     store = fleet.spec.model_store.resolve()
     if len(archive.parts) > 1 and archive.resolve().parent != store:
         raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
+    if not args.probe.is_file():
+        raise FleetError(f"no probe file {args.probe}")
     steps = roll(fleet, archive.name, args.probe.read_bytes())
     slowest = max(step.seconds for step in steps)
     print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
@@ -141,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_parser(state, help=f"HAProxy: {what}").add_argument("replica", help="r0, r1, ...")
     args = parser.parse_args(argv)
     try:
-        commands_run = {"up": up, "status": status, "roll": roll_archive, "down": down}
-        return commands_run.get(args.command, set_state)(args)
+        run = {"up": up, "status": status, "roll": roll_archive, "down": down, "drain": set_state, "ready": set_state}
+        return run[args.command](args)
     except FleetError as error:
         print(f"fleet: {error}", file=sys.stderr)
         return 1

@@ -55,7 +55,7 @@ from tooling.fleet_config import (
 )
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
-from tooling.torchserve import TorchServe, free_port, new_load_failure
+from tooling.torchserve import TorchServe, all_workers_ready, free_port, new_load_failure
 
 DEFAULT_ROOT = REPO / "logs"
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
@@ -112,13 +112,30 @@ def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: f
 
     signal_all(signal.SIGCONT)  # a stopped process would hold SIGTERM pending forever
     signal_all(signal.SIGTERM)
-    _, alive = psutil.wait_procs(members, timeout=timeout)
-    if alive:
+    if not wait_ended(members, timeout):
         signal_all(signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=10)
+        wait_ended(members, 10)
     if group:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def wait_ended(processes: Sequence[psutil.Process], timeout: float) -> bool:
+    """Wait until every process has ended; whether they all did. A zombie has ended: its parent (another
+    process, when a fleet is operated from two) reaps it when it will, and waiting for that would be in vain."""
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while any(running(process) for process in processes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def java_frontend(leader_pid: int, timeout: float = 30.0) -> psutil.Process:
@@ -239,6 +256,7 @@ class Fleet:
         # HAProxy's and Prometheus's pids with start times; in an attached fleet they are all it has of them.
         self.records: dict[str, dict[str, float] | None] = {"haproxy": None, "prometheus": None}
         self._logs: list = []
+        self._state_lock = threading.Lock()  # replicas start in threads of their own, and each records itself
 
     @classmethod
     def attach(cls, root: Path = DEFAULT_ROOT) -> Fleet:
@@ -410,10 +428,16 @@ class Fleet:
         assert replica.server is not None
         # TorchServe retries a model that fails to load for ever, with back-off: its workers' log says why.
         load_failure = new_load_failure(replica.workdir / "logs" / "model_log.log")
-        replica.server.start(timeout=timeout)
+
+        def record(process: subprocess.Popen) -> None:
+            # Recorded before the wait: if whoever starts it dies meanwhile (a `roll` interrupted), `down` finds it.
+            replica.leader = process_record(process.pid)
+            self.save_state()
+
+        replica.server.start(timeout=timeout, on_spawn=record)
         assert replica.server.process is not None
-        replica.leader = process_record(replica.server.process.pid)
         replica.java_pid = java_frontend(replica.server.process.pid).pid
+        self.save_state()
 
         def loaded() -> bool:
             cause = load_failure()
@@ -427,8 +451,7 @@ class Fleet:
         """Every worker of the model READY (management API, which listens on loopback only, without a key)."""
         response = requests.get(f"{replica.management_url}/models/{self.spec.model_name}", timeout=2)
         response.raise_for_status()
-        workers = response.json()[0]["workers"]
-        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+        return all_workers_ready(response.json())
 
     def _stop_replica(self, replica: Replica) -> None:
         if replica.leader is not None and same_process(replica.leader):
@@ -596,11 +619,15 @@ class Fleet:
 
     def save_state(self) -> None:
         """Write fleet.json, processes.json and layout.json for what runs now (after every start and restart)."""
+        with self._state_lock:
+            self._write_state()
+
+    def _write_state(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        write_atomically(self.state_file, self.describe())
         records = {"replicas": [replica.leader for replica in self.replicas], **self.records}
-        self.processes_file.write_text(json.dumps(records, indent=2) + "\n")
+        write_atomically(self.processes_file, records)
         ports = dict(zip(PORT_KEYS, (self.front_port, self.stats_port, self.prometheus_port), strict=True))
         layout = {
             "spec": asdict(self.spec),
@@ -611,7 +638,14 @@ class Fleet:
                 for r in self.replicas
             ],
         }
-        self.layout_file.write_text(json.dumps(layout, indent=2, default=str) + "\n")
+        write_atomically(self.layout_file, layout)
+
+
+def write_atomically(path: Path, document: object) -> None:
+    """Write JSON so that a reader in another process (`status`, `down`, `roll`) sees the old file or the new one."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    partial.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    os.replace(partial, path)
 
 
 def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:

@@ -15,14 +15,18 @@ last step both archives answer (each answer's `X-Replica` says which replica gav
 
 If a replica cannot load or answer the new archive, it is restarted on the archive it ran and put
 back, and every replica already rolled is rolled back the same way: the fleet ends on the archive it
-began with, and the error says why. `scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
+began with, and the error says why. That needs the old archive still there: a roll onto a file name a
+replica runs is refused. One roll at a time (a lock in the fleet's directory).
+`scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import requests
@@ -36,12 +40,14 @@ UP_TIMEOUT_S = 30.0  # HAProxy marks a server UP after two passing checks, one a
 
 @dataclass(frozen=True)
 class Step:
-    """One replica moved onto an archive: how long it was out of rotation, and what it held when drained."""
+    """One replica moved onto an archive: how long it was out of rotation, what it held when drained, and how
+    many requests HAProxy had to send again because they failed on it meanwhile (0 when the drain held)."""
 
     replica: str
     archive: str
     in_flight_at_drain: int
     seconds: float
+    retried: int
 
 
 def check_rollable(fleet: Fleet, archive: str) -> None:
@@ -49,6 +55,12 @@ def check_rollable(fleet: Fleet, archive: str) -> None:
     path = fleet.spec.model_store / archive
     if not path.is_file():
         raise FleetError(f"no {archive} in the fleet's model store {fleet.spec.model_store}: copy it there")
+    running = sorted(replica.name for replica in fleet.replicas if replica.archive == archive)
+    if running:
+        raise FleetError(
+            f"{', '.join(running)} already run {archive}: give the new archive a file name of its own "
+            "(`scripts.archive_model --name`), so that a roll back finds the old one as it was"
+        )
     try:
         timeout = fleet.response_timeout_of(archive)
     except NotAnArchive as error:
@@ -73,10 +85,27 @@ def in_flight(fleet: Fleet, name: str) -> int:
     return int(row["scur"] or 0) + int(row["qcur"] or 0)
 
 
+def sent_again(fleet: Fleet, name: str) -> int:
+    """HAProxy's count of requests it retried or redispatched after they failed on replica `name`."""
+    row = fleet.servers()[name]
+    return int(row["wretr"] or 0) + int(row["wredis"] or 0)
+
+
+@contextlib.contextmanager
+def only_roll(fleet: Fleet) -> Iterator[None]:
+    """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation."""
+    with open(fleet.dir / "roll.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FleetError("another roll of this fleet is running: wait for it to end") from None
+        yield
+
+
 def move_replica(fleet: Fleet, index: int, archive: str, probe: bytes, load_timeout: float) -> Step:
     """Drain replica `index`, restart it on `archive`, probe it, and put it back in rotation."""
     replica = fleet.replicas[index]
-    started = time.monotonic()
+    started, retried = time.monotonic(), sent_again(fleet, replica.name)
     fleet.set_server_state(replica.name, "drain")
     held = in_flight(fleet, replica.name)
     # Nothing outlives HAProxy's `timeout server` on a replica: by then HAProxy has retried it elsewhere.
@@ -98,7 +127,7 @@ def move_replica(fleet: Fleet, index: int, archive: str, probe: bytes, load_time
     wait_for(
         lambda: fleet.servers()[replica.name]["status"] == "UP", UP_TIMEOUT_S, f"HAProxy to have {replica.name} UP"
     )
-    return Step(replica.name, archive, held, time.monotonic() - started)
+    return Step(replica.name, archive, held, time.monotonic() - started, sent_again(fleet, replica.name) - retried)
 
 
 def roll(
@@ -114,27 +143,34 @@ def roll(
     FleetError if it cannot: nothing was touched (a refused roll), or every replica is back on the
     archive it ran (a rolled-back one), as the message says.
     """
-    check_rollable(fleet, archive)
-    before = [replica.archive for replica in fleet.replicas]
-    steps: list[Step] = []
-    for index, replica in enumerate(fleet.replicas):
-        say(f"==> {replica.name}: drain, restart on {archive}, probe, back in rotation")
-        try:
-            steps.append(move_replica(fleet, index, archive, probe, load_timeout))
-        except (FleetError, RuntimeError, OSError, requests.RequestException) as error:
-            say(f"    {error}")
-            roll_back(fleet, before, index, probe, load_timeout, say)
-            raise FleetError(
-                f"the roll onto {archive} stopped at {replica.name}: {error}. Rolled back: every replica serves "
-                f"{', '.join(sorted(set(before)))} again"
-            ) from error
-        say(
-            f"    {replica.name} serves {archive}: out of rotation {steps[-1].seconds:.1f} s, "
-            f"{steps[-1].in_flight_at_drain} in flight when drained"
-        )
-    fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
-    fleet.save_state()
-    return steps
+    with only_roll(fleet):
+        check_rollable(fleet, archive)
+        before = [replica.archive for replica in fleet.replicas]
+        steps: list[Step] = []
+        for index, replica in enumerate(fleet.replicas):
+            say(f"==> {replica.name}: drain, restart on {archive}, probe, back in rotation")
+            try:
+                steps.append(move_replica(fleet, index, archive, probe, load_timeout))
+            except Exception as error:
+                say(f"    {error}")
+                roll_back(fleet, before, index, probe, load_timeout, say)
+                raise FleetError(
+                    f"the roll onto {archive} stopped at {replica.name}: {error}. Rolled back: every replica "
+                    f"serves {', '.join(sorted(set(before)))} again"
+                ) from error
+            except BaseException:
+                # Interrupted (Ctrl-C, SIGTERM): no roll back, which would take as long; say where it stopped.
+                say(f"    interrupted at {replica.name}: `status` shows what serves; `ready {replica.name}` puts "
+                    "it back once it is, `roll` again moves the rest")  # fmt: skip
+                raise
+            step = steps[-1]
+            say(
+                f"    {replica.name} serves {archive}: out of rotation {step.seconds:.1f} s, "
+                f"{step.in_flight_at_drain} in flight when drained, {step.retried} sent again by HAProxy"
+            )
+        fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
+        fleet.save_state()
+        return steps
 
 
 def roll_back(
@@ -142,12 +178,24 @@ def roll_back(
 ) -> None:
     """Put replica `failed` and every replica rolled before it back on the archive each ran."""
     for index in range(failed, -1, -1):
-        name = fleet.replicas[index].name
-        say(f"==> {name}: back to {before[index]}")
+        replica = fleet.replicas[index]
+        say(f"==> {replica.name}: back to {before[index]}")
         try:
-            move_replica(fleet, index, before[index], probe, load_timeout)
-        except (FleetError, RuntimeError, OSError, requests.RequestException) as error:
+            if index == failed and replica.archive == before[index] and ready(fleet, index):
+                # It failed before its restart (the drain): it still serves the old archive, so only put it back.
+                fleet.set_server_state(replica.name, "ready")
+            else:
+                move_replica(fleet, index, before[index], probe, load_timeout)
+        except Exception as error:
             raise FleetError(
-                f"the roll failed, and {name} could not go back to {before[index]} either: {error}. "
+                f"the roll failed, and {replica.name} could not go back to {before[index]} either: {error}. "
                 "`status` shows what serves; `down`, then `up`, starts the fleet anew"
             ) from error
+
+
+def ready(fleet: Fleet, index: int) -> bool:
+    """Whether replica `index` answers that every worker is READY (False when it cannot be asked)."""
+    try:
+        return fleet.replica_ready(fleet.replicas[index])
+    except (requests.RequestException, ValueError, LookupError):
+        return False

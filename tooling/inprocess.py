@@ -24,7 +24,7 @@ def make_context(
     metrics = MetricsCacheYamlImpl(str(METRICS_CONFIG))
     metrics.initialize_cache()
     metrics.model_name = model_name
-    manifest = {"model": {"modelName": model_name, "handler": "bert_handler.py"}}
+    manifest = {"model": {"modelName": model_name, "modelVersion": "1.0", "handler": "bert_handler.py"}}  # as archived
     return Context(
         model_name,
         str(model_dir),

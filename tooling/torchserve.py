@@ -105,6 +105,12 @@ def new_load_failure(log: Path) -> Callable[[], str | None]:
     return read
 
 
+def all_workers_ready(described: list[dict]) -> bool:
+    """Whether a management API description of a model (GET /models/NAME) has workers, every one READY."""
+    workers = described[0]["workers"]
+    return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+
+
 def read_properties(path: Path) -> dict[str, str]:
     properties: dict[str, str] = {}
     for line in path.read_text().splitlines():
@@ -332,7 +338,9 @@ class TorchServe:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def start(self, timeout: float = 120.0) -> TorchServe:
+    def start(self, timeout: float = 120.0, on_spawn: Callable[[subprocess.Popen], None] | None = None) -> TorchServe:
+        """Start the server and return once /ping answers 200. `on_spawn` is called with the process as soon as
+        it exists, before the wait: an owner that records what it started (the fleet) records it at once."""
         command = [
             str(Path(sys.executable).with_name("torchserve")),
             "--start",
@@ -351,6 +359,8 @@ class TorchServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one process group: frontend and workers stop together
         )
+        if on_spawn is not None:
+            on_spawn(self.process)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -438,8 +448,7 @@ class TorchServe:
 
     def model_ready(self, model: str) -> bool:
         """Every worker of `model` READY (/ping is 200 before a model is loaded, so it cannot tell)."""
-        workers = self.describe(model, timeout=2.0)[0]["workers"]
-        return bool(workers) and all(worker["status"] == "READY" for worker in workers)
+        return all_workers_ready(self.describe(model, timeout=2.0))
 
     def wait_until_ready(self, model: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

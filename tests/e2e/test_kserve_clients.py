@@ -61,7 +61,8 @@ def test_tritonclient_http_v2(torchserve, shared_model, expected, content_type, 
     assert labels is not None, result.get_response()
     labels = [value.decode() if isinstance(value, bytes) else value for value in labels.tolist()]
     _assert_instance_by_instance(labels, result.as_numpy("score").tolist(), expected)
-    assert result.get_response()["model_name"] == shared_model
+    # The archive's version (make_archive's 1.0), as TorchServe's own v2 envelope answers it.
+    assert (result.get_response()["model_name"], result.get_response()["model_version"]) == (shared_model, "1.0")
 
 
 @pytest.mark.parametrize("content_type", [JSON, *CONTENT_TYPES[1:]], ids=["sdk-default", "empty", "text-plain"])

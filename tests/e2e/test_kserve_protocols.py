@@ -98,7 +98,7 @@ def test_concurrent_mixed_protocols_are_answered_instance_by_instance(served):
             got = [(p["label"], p["score"]) for p in answer["predictions"]]
         elif path.startswith("/v2/"):
             outputs = {o["name"]: o for o in answer["outputs"]}
-            assert answer["id"] == body["id"] and answer["model_name"] == model
+            assert answer["id"] == body["id"] and (answer["model_name"], answer["model_version"]) == (model, "1.0")
             assert outputs["label"]["shape"] == [len(texts)] and outputs["probabilities"]["shape"] == [len(texts), 2]
             got = list(zip(outputs["label"]["data"], outputs["score"]["data"]))
         else:

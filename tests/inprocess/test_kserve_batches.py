@@ -49,7 +49,7 @@ def test_mixed_formats_in_one_batch_each_get_their_own_answer(loaded_handler, un
     assert scores_of(bodies[1]) == pytest.approx(alone[1:3], abs=1e-4)
     assert scores_of(bodies[2]) == pytest.approx(alone[3:6], abs=1e-4)
     assert scores_of(bodies[5]) == pytest.approx([alone[5]], abs=1e-4)
-    assert bodies[2]["id"] == "batch-7" and bodies[2]["model_name"] == "tiny"
+    assert bodies[2]["id"] == "batch-7" and (bodies[2]["model_name"], bodies[2]["model_version"]) == ("tiny", "1.0")
     assert bodies[3]["type"] == "EmptyText" and bodies[3]["message"].startswith("instances[1]: ")
     assert bodies[4]["type"] == "MalformedRequest"
 

@@ -18,6 +18,7 @@ import pytest
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.pipeline import answer_batch
+from handlers.responses import ModelIdentity
 from handlers.tokenization import Encoding, TextEncoder
 
 CLS, SEP = 1, 2
@@ -110,7 +111,7 @@ def as_json(document: object) -> tuple[dict, dict]:
 
 def run(model: LoadedModel, *requests: tuple[dict, dict]):
     items, headers = zip(*requests)
-    return answer_batch(list(items), list(headers), model, "fake")
+    return answer_batch(list(items), list(headers), model, ModelIdentity("fake"))
 
 
 def scores(answer) -> list[float]:

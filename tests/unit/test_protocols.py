@@ -10,7 +10,7 @@ from handlers.options import HandlerOptions
 from handlers.pipeline import regroup, validate
 from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, parse_request
 from handlers.rejection import Rejection
-from handlers.responses import Prediction, success_answer
+from handlers.responses import ModelIdentity, Prediction, success_answer
 from tests.kserve_cases import MALFORMED, v1, v2
 
 LIMIT = HandlerOptions().max_instances
@@ -22,7 +22,7 @@ def settle(body):
     request = parse_request(Document(body), LIMIT)
     texts, rejected = validate([request])
     predictions = {key: Prediction([0.25, 0.75], False) for key in texts}
-    return request, regroup([request], predictions, rejected, "bert", LABELS)[0]
+    return request, regroup([request], predictions, rejected, ModelIdentity("bert"), LABELS)[0]
 
 
 def test_plain_text_and_plain_json_are_one_instance():
@@ -64,7 +64,7 @@ def test_malformed_requests_are_answered_as_a_whole(name, body, status, kind, fr
 def test_v1_answer_has_one_prediction_per_instance_in_order():
     request = parse_request(Document(v1("a", "b")), LIMIT)
     results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
-    result = success_answer(request, results, LABELS, "bert")
+    result = success_answer(request, results, LABELS, ModelIdentity("bert"))
     assert result.status == 200
     assert result.body == {
         "predictions": [
@@ -77,8 +77,8 @@ def test_v1_answer_has_one_prediction_per_instance_in_order():
 def test_v2_answer_is_an_open_inference_protocol_response():
     request = parse_request(Document(v2("a", "b", request_id="req-7")), LIMIT)
     results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
-    body = success_answer(request, results, LABELS, "bert").body
-    assert body["model_name"] == "bert" and body["id"] == "req-7"
+    body = success_answer(request, results, LABELS, ModelIdentity("bert", "2.0")).body
+    assert body["model_name"] == "bert" and body["model_version"] == "2.0" and body["id"] == "req-7"
     outputs = {o["name"]: o for o in body["outputs"]}
     assert outputs["label"] == {"name": "label", "datatype": "BYTES", "shape": [2], "data": ["negative", "positive"]}
     assert outputs["score"] == {"name": "score", "datatype": "FP32", "shape": [2], "data": [0.9, 0.8]}
@@ -89,14 +89,15 @@ def test_v2_answer_is_an_open_inference_protocol_response():
         "data": [0.9, 0.1, 0.2, 0.8],
     }
     assert outputs["truncated"]["data"] == [False, True]
-    assert "id" not in success_answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, "bert").body
+    unversioned = success_answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, ModelIdentity("bert"))
+    assert "id" not in unversioned.body and "model_version" not in unversioned.body
 
 
 def test_a_failed_instance_names_itself_and_fails_only_its_request():
     request = parse_request(Document(v2("a", "b", "c")), LIMIT)
     failed = Rejection(500, "InferenceFailed", "the model failed on this item")
     predictions = {(0, 0): Prediction([0.5, 0.5], False)}
-    result = regroup([request], predictions, {(0, 1): failed, (0, 2): failed}, "bert", LABELS)[0]
+    result = regroup([request], predictions, {(0, 1): failed, (0, 2): failed}, ModelIdentity("bert"), LABELS)[0]
     assert (result.status, result.body["type"]) == (500, "InferenceFailed")
     assert result.body["message"].startswith("inputs[0].data[1]: ")
     assert result.instance == "inputs[0].data[1]"

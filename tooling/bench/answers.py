@@ -37,6 +37,7 @@ def answers_alone(model_dir: Path, texts: Sequence[str], handler_options: dict, 
     from handlers.loading import load_model
     from handlers.options import HandlerOptions
     from handlers.pipeline import answer_batch
+    from handlers.responses import ModelIdentity
     from tooling.bench.device import gpu_id_of
 
     options = HandlerOptions.from_mapping({**handler_options, "dtype": "float32", "fault_marker": ""})
@@ -44,7 +45,8 @@ def answers_alone(model_dir: Path, texts: Sequence[str], handler_options: dict, 
     bodies = []
     for text in texts:
         # An item as TorchServe's worker hands it to the handler: {"body": bytes}.
-        [answer] = answer_batch([{"body": text.encode()}], [{"content-type": "text/plain"}], model, "reference").answers
+        item, headers = {"body": text.encode()}, {"content-type": "text/plain"}
+        [answer] = answer_batch([item], [headers], model, ModelIdentity("reference")).answers
         if answer.status != 200:  # the corpus is valid text: a refusal here is a broken reference, not a figure
             raise RuntimeError(f"the reference answer for corpus text {len(bodies)} is {answer.status}: {answer.body}")
         bodies.append(answer.body)

@@ -44,9 +44,10 @@ class Classifier(ls.LitAPI):
 
     def predict(self, texts):
         from handlers.pipeline import answer_batch
+        from handlers.responses import ModelIdentity
 
         items = [{"body": text.encode()} for text in texts]
-        outcome = answer_batch(items, [{"content-type": "text/plain"}] * len(items), self.model, "bert")
+        outcome = answer_batch(items, [{"content-type": "text/plain"}] * len(items), self.model, ModelIdentity("bert"))
         return [answer.body for answer in outcome.answers]
 
     def unbatch(self, output):
