@@ -22,9 +22,10 @@ import signal
 import sys
 from pathlib import Path
 
-from tooling.fleet import DEFAULT_ROOT, Fleet, haproxy_command, haproxy_servers, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, Fleet, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
 from tooling.fleet_roll import roll
+from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
 

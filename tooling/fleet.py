@@ -24,20 +24,15 @@ URL, HAProxy's socket, each replica's Java frontend pid, URLs and archive), `<ro
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
 import requests
 import yaml
 
@@ -53,8 +48,10 @@ from tooling.fleet_config import (
     haproxy_timeout_server,
     prometheus_config,
 )
+from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
+from tooling.processes import in_parallel, java_frontend, process_record, same_process, stop_recorded, wait_for
 from tooling.torchserve import TorchServe, all_workers_ready, free_port, new_load_failure
 
 DEFAULT_ROOT = REPO / "logs"
@@ -70,127 +67,6 @@ INSTALL_HINT = (
 def missing_system_commands() -> list[str]:
     """haproxy / prometheus commands not on PATH."""
     return [name for name in SYSTEM_COMMANDS if shutil.which(name) is None]
-
-
-# ---- processes ------------------------------------------------------------------------------------------
-
-
-def process_record(pid: int) -> dict[str, float]:
-    """A pid with its start time: enough to recognize the same process later."""
-    return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
-
-
-def same_process(record: Mapping[str, float]) -> psutil.Process | None:
-    """The recorded process if it is still the one that was started, else None."""
-    try:
-        process = psutil.Process(int(record["pid"]))
-        return process if process.create_time() == record["create_time"] else None
-    except psutil.Error:
-        return None
-
-
-def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: float = 30.0) -> None:
-    """SIGTERM the recorded process (its whole process group if `group`), SIGKILL if it outlives `timeout`."""
-    process = same_process(record) if record else None
-    if process is None:
-        # The leader is gone, but its group may still hold workers. Linux does not hand out a pid that
-        # is still some group's id, so if no process has that pid, the group is ours; if one has, the
-        # pid was recycled after our group emptied, and that process is not ours to signal.
-        if group and record and not psutil.pid_exists(int(record["pid"])):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(record["pid"]), signal.SIGKILL)
-        return
-    pid = process.pid
-    members = [process, *process.children(recursive=True)]
-
-    def signal_all(sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-
-    signal_all(signal.SIGCONT)  # a stopped process would hold SIGTERM pending forever
-    signal_all(signal.SIGTERM)
-    if not wait_ended(members, timeout):
-        signal_all(signal.SIGKILL)
-        wait_ended(members, 10)
-    if group:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-
-
-def wait_ended(processes: Sequence[psutil.Process], timeout: float) -> bool:
-    """Wait until every process has ended; whether they all did. A zombie has ended: its parent (another
-    process, when a fleet is operated from two) reaps it when it will, and waiting for that would be in vain."""
-
-    def running(process: psutil.Process) -> bool:
-        try:
-            return process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    deadline = time.monotonic() + timeout
-    while any(running(process) for process in processes):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def java_frontend(leader_pid: int, timeout: float = 30.0) -> psutil.Process:
-    """The Java frontend that the `torchserve --foreground` process `leader_pid` started."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for child in psutil.Process(leader_pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if child.name() == "java":
-                    return child
-        time.sleep(0.2)
-    raise FleetError(f"no Java frontend under torchserve pid {leader_pid} after {timeout}s")
-
-
-def in_parallel(calls: Sequence[Callable[[], None]]) -> None:
-    """Run the calls in threads (a TorchServe takes seconds to stop, as to start) and wait for all."""
-    threads = [threading.Thread(target=call) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
-    """Poll `check` until it returns True; FleetError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(requests.RequestException, OSError, ValueError, KeyError):
-            if check():
-                return
-        if time.monotonic() > deadline:
-            raise FleetError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-# ---- HAProxy's admin socket -----------------------------------------------------------------------------
-
-
-def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0) -> str:
-    """Send one command to HAProxy's admin socket and return its answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(str(socket_path))
-        sock.sendall(command.encode() + b"\n")
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
-
-
-def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
-    """`show stat` for the replicas' backend: {server name: its columns (status, scur, stot, ...)}."""
-    text = haproxy_command(socket_path, "show stat").lstrip("# ")
-    rows = csv.DictReader(line for line in text.splitlines() if line.strip())
-    return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
 
 
 # ---- the fleet ------------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import requests
 
-from tooling.fleet import Fleet, wait_for
+from tooling.fleet import Fleet
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
+from tooling.processes import wait_for
 
 UP_TIMEOUT_S = 30.0  # HAProxy marks a server UP after two passing checks, one a second
 

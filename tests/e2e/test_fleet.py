@@ -24,10 +24,11 @@ import pytest
 import requests
 
 from tests.support import expected_alone
-from tooling.fleet import Fleet, missing_system_commands, read_state, wait_for
+from tooling.fleet import Fleet, missing_system_commands, read_state
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import roll
 from tooling.paths import REPO
+from tooling.processes import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

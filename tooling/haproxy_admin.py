@@ -1,0 +1,28 @@
+"""HAProxy's admin socket: one command, and the fleet backend's servers as `show stat` lists them."""
+
+from __future__ import annotations
+
+import csv
+import socket
+from pathlib import Path
+
+from tooling.fleet_config import BACKEND
+
+
+def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0) -> str:
+    """Send one command to HAProxy's admin socket and return its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
+    """`show stat` for the replicas' backend: {server name: its columns (status, scur, stot, ...)}."""
+    text = haproxy_command(socket_path, "show stat").lstrip("# ")
+    rows = csv.DictReader(line for line in text.splitlines() if line.strip())
+    return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
