@@ -20,6 +20,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from tooling.fleet import DEFAULT_ROOT, Fleet, read_state, stop_fleet
@@ -105,8 +106,22 @@ def roll_archive(args: argparse.Namespace) -> int:
         raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
     if not args.probe.is_file():
         raise FleetError(f"no probe file {args.probe}")
-    steps = roll(fleet, archive.name, args.probe.read_bytes())
-    slowest = max(step.seconds for step in steps)
+    stop = threading.Event()
+
+    def interrupted(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # the second: abort where it stands
+        stop.set()
+        print("==> finishing the replica in hand, then stopping (interrupt again to abort at once)", flush=True)
+
+    # The first Ctrl-C or SIGTERM ends the roll between replicas, with every replica in rotation; stopping a
+    # replica in the middle of its restart would leave it out.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
+    steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop)
+    if stop.is_set() and any(replica.archive != archive.name for replica in fleet.replicas):
+        return 1
+    slowest = max((step.seconds for step in steps), default=0.0)
     print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
     return 0
 
@@ -149,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     except FleetError as error:
         print(f"fleet: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # an aborted roll has said where it stood
+        return 130
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class Replica:
     addresses: dict[str, str]  # properties that fix its ports: reused when it is restarted
     cores: list[int] | None
     archive: str  # file name in the model store: the spec's, until a roll replaces it
+    archive_stamp: list[int] | None = None  # that file's size and mtime when the replica loaded it (file_stamp)
     server: TorchServe | None = None  # None in a fleet attached from another process: it has the leader only
     java_pid: int | None = None
     leader: dict[str, float] | None = None  # the torchserve process (its process group) with its start time
@@ -154,7 +155,9 @@ class Fleet:
         fleet.front_port, fleet.stats_port, fleet.prometheus_port = (layout["ports"][k] for k in PORT_KEYS)
         fleet.records = {name: records.get(name) for name in fleet.records}
         for row, described, leader in zip(layout["replicas"], state["replicas"], records["replicas"], strict=True):
-            replica = Replica(row["name"], Path(row["workdir"]), row["addresses"], row["cores"], row["archive"])
+            replica = Replica(
+                row["name"], Path(row["workdir"]), row["addresses"], row["cores"], row["archive"], row["archive_stamp"]
+            )
             replica.java_pid, replica.leader = described["pid"], leader
             fleet.replicas.append(replica)
         return fleet
@@ -278,7 +281,7 @@ class Fleet:
                     "grpc_management_port",
                 )
             }
-            self.replicas.append(Replica(f"r{index}", workdir, addresses, share, self.spec.archive, server))
+            self.replicas.append(Replica(f"r{index}", workdir, addresses, share, self.spec.archive, server=server))
         self.save_state()
         # In parallel: on 2 cores, two JVMs starting one after the other double the wait.
         errors: list[BaseException] = []
@@ -307,8 +310,11 @@ class Fleet:
 
         def record(process: subprocess.Popen) -> None:
             # Recorded before the wait: if whoever starts it dies meanwhile (a `roll` interrupted), `down` finds it.
-            replica.leader = process_record(process.pid)
+            replica.leader, replica.java_pid = process_record(process.pid), None
             self.save_state()
+
+        # What it loads, as it is now: a roll refuses to go back to, or onto, a file that changed since.
+        replica.archive_stamp = file_stamp(Path(self.spec.model_store) / replica.archive)
 
         replica.server.start(timeout=timeout, on_spawn=record)
         assert replica.server.process is not None
@@ -510,11 +516,17 @@ class Fleet:
             "response_timeout": self.response_timeout,
             "ports": ports,
             "replicas": [
-                {key: getattr(r, key) for key in ("name", "workdir", "addresses", "cores", "archive")}
+                {key: getattr(r, key) for key in ("name", "workdir", "addresses", "cores", "archive", "archive_stamp")}
                 for r in self.replicas
             ],
         }
         write_atomically(self.layout_file, layout)
+
+
+def file_stamp(path: Path) -> list[int]:
+    """A file's size and modification time (ns): what tells whether it is still the file a replica loaded."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def write_atomically(path: Path, document: object) -> None:

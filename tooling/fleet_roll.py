@@ -15,8 +15,10 @@ last step both archives answer (each answer's `X-Replica` says which replica gav
 
 If a replica cannot load or answer the new archive, it is restarted on the archive it ran and put
 back, and every replica already rolled is rolled back the same way: the fleet ends on the archive it
-began with, and the error says why. That needs the old archive still there: a roll onto a file name a
-replica runs is refused. One roll at a time (a lock in the fleet's directory).
+began with, and the error says why. That needs every archive as its replica loaded it: a roll whose
+files changed since (an archive rebuilt in place) is refused. A replica that already runs the archive,
+as loaded, is left as it is, so a roll that was interrupted is finished by the same command again.
+One roll at a time (a lock in the fleet's directory).
 `scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
 """
 
@@ -25,18 +27,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 
-from tooling.fleet import Fleet
+from tooling.fleet import Fleet, file_stamp
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
 from tooling.processes import wait_for
 
 UP_TIMEOUT_S = 30.0  # HAProxy marks a server UP after two passing checks, one a second
+ALL_UP_WAIT_S = 10.0  # on a loaded host one slow health check shows a replica "UP 1/2" for a moment
 
 
 @dataclass(frozen=True)
@@ -51,17 +57,43 @@ class Step:
     retried: int
 
 
-def check_rollable(fleet: Fleet, archive: str) -> None:
-    """Refuse a roll that could fail a request, before anything is touched."""
+@contextlib.contextmanager
+def only_roll(fleet_dir: Path) -> Iterator[None]:
+    """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation."""
+    with open(fleet_dir / "roll.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FleetError("another roll of this fleet is running: wait for it to end") from None
+        yield
+
+
+def check_current(fleet: Fleet) -> None:
+    """Refuse to work from a stale reading: the replicas this object knows must be the ones recorded now."""
+    recorded = json.loads(fleet.processes_file.read_text())["replicas"]
+    if recorded != [replica.leader for replica in fleet.replicas]:
+        raise FleetError("the fleet changed since it was read (another roll ended meanwhile?): run the roll again")
+
+
+def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
+    """The replicas a roll onto `archive` moves, in order; FleetError for a roll that could fail a request or
+    could not be rolled back, before anything is touched."""
     path = fleet.spec.model_store / archive
     if not path.is_file():
         raise FleetError(f"no {archive} in the fleet's model store {fleet.spec.model_store}: copy it there")
-    running = sorted(replica.name for replica in fleet.replicas if replica.archive == archive)
-    if running:
-        raise FleetError(
-            f"{', '.join(running)} already run {archive}: give the new archive a file name of its own "
-            "(`scripts.archive_model --name`), so that a roll back finds the old one as it was"
-        )
+    for replica in fleet.replicas:
+        loaded = fleet.spec.model_store / replica.archive
+        if not loaded.is_file() or file_stamp(loaded) != replica.archive_stamp:
+            raise FleetError(
+                f"{replica.name} runs {replica.archive}, and that file changed since {replica.name} loaded it: "
+                + (
+                    "a roll onto it would leave replicas on different models under one name"
+                    if replica.archive == archive
+                    else "a roll back would not restore what it runs"
+                )
+                + ". Give a new archive a file name of its own (`scripts.archive_model --name`), put the old file "
+                "back, or start the fleet anew (`down`, then `up --archive`)"
+            )
     try:
         timeout = fleet.response_timeout_of(archive)
     except NotAnArchive as error:
@@ -72,12 +104,20 @@ def check_rollable(fleet: Fleet, archive: str) -> None:
             f"from which HAProxy's `timeout server` ({fleet.timeout_server} s) is set: HAProxy would cut its "
             "slow batches short. Serve it on a new fleet (`down`, then `up --archive`)"
         )
-    out = {name: row["status"] for name, row in fleet.servers().items() if row["status"] != "UP"}
-    if out:
+    moving = [index for index, replica in enumerate(fleet.replicas) if replica.archive != archive]
+    with contextlib.suppress(FleetError):
+        wait_for(lambda: all(row["status"] == "UP" for row in fleet.servers().values()), ALL_UP_WAIT_S, "all UP")
+    servers = fleet.servers()
+    out = [index for index, replica in enumerate(fleet.replicas) if servers[replica.name]["status"] != "UP"]
+    staying_out = sorted(fleet.replicas[index].name for index in out if index not in moving)
+    if staying_out:
         raise FleetError(
-            f"not every replica is in rotation ({', '.join(f'{n} {s}' for n, s in sorted(out.items()))}): a roll "
-            "takes one replica out at a time, and would leave none; bring them back first (`ready`)"
+            f"{', '.join(staying_out)}: on {archive} already, but not in rotation: a roll takes one replica out "
+            "at a time, and would leave too few; bring them back first (`status`, then `ready`)"
         )
+    # A replica out of rotation that the roll moves (one an aborted roll left stopped) goes first: taking it
+    # out again costs nothing.
+    return sorted(moving, key=lambda index: index not in out)
 
 
 def in_flight(fleet: Fleet, name: str) -> int:
@@ -90,17 +130,6 @@ def sent_again(fleet: Fleet, name: str) -> int:
     """HAProxy's count of requests it retried or redispatched after they failed on replica `name`."""
     row = fleet.servers()[name]
     return int(row["wretr"] or 0) + int(row["wredis"] or 0)
-
-
-@contextlib.contextmanager
-def only_roll(fleet: Fleet) -> Iterator[None]:
-    """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation."""
-    with open(fleet.dir / "roll.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FleetError("another roll of this fleet is running: wait for it to end") from None
-        yield
 
 
 def move_replica(fleet: Fleet, index: int, archive: str, probe: bytes, load_timeout: float) -> Step:
@@ -138,35 +167,41 @@ def roll(
     *,
     load_timeout: float = 180.0,
     say: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
 ) -> list[Step]:
     """Serve `archive` (a file name in the fleet's model store) on every replica of `fleet`, one at a time.
 
-    FleetError if it cannot: nothing was touched (a refused roll), or every replica is back on the
-    archive it ran (a rolled-back one), as the message says.
+    Replicas that already run it are left as they are. FleetError if it cannot: nothing was touched (a
+    refused roll), or every replica it moved is back on the archive it ran (a rolled-back one), as the
+    message says. `stop` set: the replica in hand is finished, and the roll ends before the next one (the
+    steps taken are returned). An abort (KeyboardInterrupt, SystemExit) is not rolled back: it says where.
     """
-    with only_roll(fleet):
-        check_rollable(fleet, archive)
+    with only_roll(fleet.dir):
+        check_current(fleet)
+        moving = replicas_to_move(fleet, archive)
+        if not moving:
+            say(f"==> every replica already serves {archive}")
         before = [replica.archive for replica in fleet.replicas]
         steps: list[Step] = []
-        for index, replica in enumerate(fleet.replicas):
-            say(f"==> {replica.name}: drain, restart on {archive}, probe, back in rotation")
-            try:
-                steps.append(move_replica(fleet, index, archive, probe, load_timeout))
-            except Exception as error:
-                say(f"    {error}")
-                roll_back(fleet, before, index, probe, load_timeout, say)
-                raise FleetError(
-                    f"the roll onto {archive} stopped at {replica.name}: {error}. Rolled back: every replica "
-                    f"serves {', '.join(sorted(set(before)))} again"
-                ) from error
-            except BaseException:
-                # Interrupted (Ctrl-C, SIGTERM): no roll back, which would take as long; say where it stopped.
-                say(f"    interrupted at {replica.name}: `status` shows what serves; `ready {replica.name}` puts "
-                    "it back once it is, `roll` again moves the rest")  # fmt: skip
-                raise
+        for position, index in enumerate(moving):
+            name = fleet.replicas[index].name
+            if stop is not None and stop.is_set():
+                say(f"==> stopped before {name}, as asked: every replica in rotation; the same `roll` moves the rest")
+                return steps
+            say(f"==> {name}: drain, restart on {archive}, probe, back in rotation")
+            with said_where_interrupted(name, say):
+                try:
+                    steps.append(move_replica(fleet, index, archive, probe, load_timeout))
+                except Exception as error:
+                    say(f"    {error}")
+                    roll_back(fleet, before, moving[: position + 1], probe, load_timeout, say)
+                    raise FleetError(
+                        f"the roll onto {archive} stopped at {name}: {error}. Rolled back: every replica serves "
+                        f"what it did before ({', '.join(sorted(set(before)))})"
+                    ) from error
             step = steps[-1]
             say(
-                f"    {replica.name} serves {archive}: out of rotation {step.seconds:.1f} s, "
+                f"    {name} serves {archive}: out of rotation {step.seconds:.1f} s, "
                 f"{step.in_flight_at_drain} in flight when drained, {step.retried} sent again by HAProxy"
             )
         fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
@@ -174,11 +209,25 @@ def roll(
         return steps
 
 
+@contextlib.contextmanager
+def said_where_interrupted(name: str, say: Callable[[str], None]) -> Iterator[None]:
+    """On an abort, say where the roll stopped and what to do; no roll back, which would take as long."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        say(f"    aborted at {name}: it may be stopped, or still loading (`status`). Once it is READY, `ready {name}` "
+            "puts it back; stopped, the same `roll` again moves it first")  # fmt: skip
+        raise
+
+
 def roll_back(
-    fleet: Fleet, before: list[str], failed: int, probe: bytes, load_timeout: float, say: Callable[[str], None]
+    fleet: Fleet, before: list[str], moved: list[int], probe: bytes, load_timeout: float, say: Callable[[str], None]
 ) -> None:
-    """Put replica `failed` and every replica rolled before it back on the archive each ran."""
-    for index in range(failed, -1, -1):
+    """Put the replicas in `moved` (the last one the one that failed) back on the archive each ran, last first."""
+    failed = moved[-1]
+    for index in reversed(moved):
         replica = fleet.replicas[index]
         say(f"==> {replica.name}: back to {before[index]}")
         try:

@@ -47,7 +47,10 @@ def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: f
                 os.killpg(int(record["pid"]), signal.SIGKILL)
         return
     pid = process.pid
-    members = [process, *process.children(recursive=True)]
+    try:
+        members = [process, *process.children(recursive=True)]
+    except psutil.Error:  # it ended meanwhile
+        members = [process]
 
     def signal_all(sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -61,7 +64,9 @@ def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: f
     if not wait_ended(members, timeout):
         signal_all(signal.SIGKILL)
         wait_ended(members, 10)
-    if group:
+    # Workers forked after the snapshot above are in the group too. The group id is still ours while its
+    # leader is ours or no process has its pid (as above: Linux does not reuse a live group's id).
+    if group and (same_process(record) or not psutil.pid_exists(pid)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
@@ -98,7 +103,9 @@ def java_frontend(leader_pid: int, timeout: float = 30.0) -> psutil.Process:
 
 def in_parallel(calls: Sequence[Callable[[], None]]) -> None:
     """Run the calls in threads (a TorchServe takes seconds to stop, as to start) and wait for all."""
-    threads = [threading.Thread(target=call) for call in calls]
+    # Daemon threads: an interrupted caller (Ctrl-C during a roll) exits rather than waiting out a start;
+    # what they started is already recorded, so `down` still stops it.
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:

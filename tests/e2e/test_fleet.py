@@ -25,8 +25,8 @@ import requests
 
 from tests.support import expected_alone
 from tooling.fleet import Fleet, missing_system_commands, read_state
-from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import roll
+from tooling.fleet_config import FleetSpec
+from tooling.fleet_roll import in_flight, roll
 from tooling.paths import REPO
 from tooling.processes import wait_for
 
@@ -237,10 +237,11 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 
 
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
-    fleet_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
+    fleet_archive, next_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
-    """`scripts/fleet.py up --replicas 2` prints a curl that works; `roll` onto an archive that cannot load
-    fails no request and leaves every replica on the one it ran; `down`, another process, stops every pid."""
+    """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` whose archive r0 loads and r1
+    cannot (it is replaced by an unloadable one as r1's turn comes) fails no request and leaves both replicas
+    on the archive they ran; `down`, another process, stops every pid, those the roll started included."""
     require_system_packages()
     root = tmp_path / "cli"
 
@@ -268,18 +269,31 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert refused.returncode == 1 and "HAProxy would cut its slow batches short" in refused.stderr, refused
         assert [r["pid"] for r in read_state(root)["replicas"]] == [r["pid"] for r in state["replicas"]]
 
+        processes = root / "fleet" / "processes.json"
+        groups = [record["pid"] for record in json.loads(processes.read_text())["replicas"]]
+        turns_bad = "fleet-cli-turns-bad.mar"  # loadable for r0; unloadable by the time r1 loads it
+        shutil.copyfile(model_store / next_archive, model_store / turns_bad)
+        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", turns_bad]
         with Load(state["front"], timeout=60, clients=4) as load:
-            refused = fleet_command("roll", unloadable_archive)
+            rolling = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            said = []
+            for line in rolling.stdout:
+                said.append(line)
+                if line.startswith("==> r1: drain"):
+                    shutil.copyfile(model_store / unloadable_archive, model_store / turns_bad)
+            error = rolling.stderr.read()
+            rolling.wait(timeout=60)
         failed = [o for o in load.outcomes if not o.ok]
-        print(f"\nroll onto an unloadable archive: {refused.stdout}{refused.stderr}{len(load.outcomes)} requests")
-        assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert "max_length" in refused.stderr and "Rolled back" in refused.stderr, refused.stderr
+        print(f"\nroll that r1 cannot load: {''.join(said)}{error}{len(load.outcomes)} requests meanwhile")
+        assert rolling.returncode == 1, "".join(said) + error
+        assert any(line.startswith(f"    r0 serves {turns_bad}") for line in said), said
+        assert "max_length" in error and "Rolled back" in error, error
         assert load.outcomes and not failed, failed[:3]
         assert [r["archive"] for r in read_state(root)["replicas"]] == [fleet_archive] * 2
         assert fleet_command("status").returncode == 0
-        records = json.loads((root / "fleet" / "processes.json").read_text())
+        records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
-        groups = [record["pid"] for record in records["replicas"]]
+        groups += [record["pid"] for record in records["replicas"]]  # the roll's and the first ones alike
     finally:
         stopped = fleet_command("down")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -578,22 +592,20 @@ def test_every_dashboard_panel_returns_data_after_traffic(fleet, failover_run):
 
 
 def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or_is_retried(
-    healthy_fleet, fleet_archive, next_archive, unloadable_archive, answers_alone
+    healthy_fleet, next_archive, answers_alone
 ):
-    """Under load, with slow batches keeping each replica busy: first a roll that r0 takes and r1 cannot load
-    (its archive is replaced by an unloadable one as r1's turn comes) rolls both back; then a roll onto 2.0
-    moves both. No request fails, and none of either replica's had to be sent again by HAProxy during its
-    step: each drain waited for what its replica held."""
+    """Under load, with slow batches keeping the replicas busy, `roll` moves both replicas onto 2.0: no request
+    fails, and none of a replica's had to be sent again by HAProxy during its step, so each drain waited for
+    what its replica held. (A roll that fails at r1 and rolls r0 back: the command test above.)"""
     fleet = healthy_fleet
-    store = fleet.spec.model_store
     java_pids = [replica.java_pid for replica in fleet.replicas]
-    turns_bad = "fleet-tiny-turns-bad.mar"  # good for r0, unloadable by the time r1 loads it
-    shutil.copyfile(store / next_archive, store / turns_bad)
 
-    def spoil_before_r1(message: str) -> None:
+    def busy_when_drained(message: str) -> None:
+        """Before each replica's drain, wait until it holds a request, so every drain has something to wait for."""
         print(message)
-        if message.startswith("==> r1: drain"):
-            shutil.copyfile(store / unloadable_archive, store / turns_bad)
+        if message.endswith("back in rotation"):  # "==> rN: drain, restart on ..., probe, back in rotation"
+            name = message.split()[1].rstrip(":")
+            wait_for(lambda: in_flight(fleet, name) > 0, 30, f"a request in flight on {name}", 0.01)
 
     stop = threading.Event()
     held: list[int] = []
@@ -608,28 +620,24 @@ def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or
     with Load(fleet.front_url, request_timeout(fleet)) as load:
         for thread in holders:
             thread.start()
-        time.sleep(1.0)
-        with pytest.raises(FleetError) as refused:
-            roll(fleet, turns_bad, b"the room was clean", say=spoil_before_r1)
-        versions_after_roll_back = [replica.server.describe("bert")[0]["modelVersion"] for replica in fleet.replicas]
-        archives_after_roll_back = [row["archive"] for row in read_state(fleet.root)["replicas"]]
-        steps = roll(fleet, next_archive, b"the room was clean", say=print)
-        time.sleep(1.5)
+        time.sleep(0.5)
+        steps = roll(fleet, next_archive, b"the room was clean", say=busy_when_drained)
+        time.sleep(0.5)
         stop.set()
     for thread in holders:
         thread.join()
     failed = [o for o in load.outcomes if not o.ok]
     each = [f"{s.replica} out {s.seconds:.1f}s, {s.in_flight_at_drain} held, {s.retried} resent" for s in steps]
     print(f"\nroll: {len(load.outcomes)} requests and {len(held)} slow ones; {'; '.join(each)}; {len(failed)} failed")
-    assert "max_length" in str(refused.value) and "Rolled back" in str(refused.value), refused.value
-    assert versions_after_roll_back == ["1.0", "1.0"]
-    assert archives_after_roll_back == [fleet_archive] * 2
     assert not failed and set(held) == {200}, (failed[:3], held)
     assert not wrong_answers(load.outcomes, answers_alone)
     assert [step.replica for step in steps] == ["r0", "r1"]
+    # Each replica had a request in flight just before its drain (busy_when_drained); a fast one may be done by
+    # the drain itself, so at least one, not each, is asserted to have been held.
     assert any(step.in_flight_at_drain for step in steps), "no replica held a request when drained: nothing tested"
     assert [step.retried for step in steps] == [0, 0], "a replica was stopped holding requests: HAProxy resent them"
     assert [replica.server.describe("bert")[0]["modelVersion"] for replica in fleet.replicas] == ["2.0", "2.0"]
     assert not {replica.java_pid for replica in fleet.replicas} & set(java_pids)
     assert [row["archive"] for row in read_state(fleet.root)["replicas"]] == [next_archive] * 2
-    assert {name: row["status"] for name, row in fleet.servers().items()} == {"r0": "UP", "r1": "UP"}
+    wait_for(lambda: all(row["status"] == "UP" for row in fleet.servers().values()), 10, "both replicas UP")
+    assert roll(fleet, next_archive, b"the room was clean", say=print) == [], "a finished roll, again, does nothing"
