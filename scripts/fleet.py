@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -109,10 +110,11 @@ def roll_archive(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def interrupted(signum: int, frame: object) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # the second: abort where it stands
+        if stop.is_set():  # the second: abort where it stands, with the status of the signal that asked
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
         stop.set()
-        print("==> finishing the replica in hand, then stopping (interrupt again to abort at once)", flush=True)
+        # os.write, not print: the signal may arrive while the roll itself is printing.
+        os.write(1, b"==> finishing the replica in hand, then stopping (interrupt again to abort at once)\n")
 
     # The first Ctrl-C or SIGTERM ends the roll between replicas, with every replica in rotation; stopping a
     # replica in the middle of its restart would leave it out.

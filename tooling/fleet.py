@@ -156,7 +156,12 @@ class Fleet:
         fleet.records = {name: records.get(name) for name in fleet.records}
         for row, described, leader in zip(layout["replicas"], state["replicas"], records["replicas"], strict=True):
             replica = Replica(
-                row["name"], Path(row["workdir"]), row["addresses"], row["cores"], row["archive"], row["archive_stamp"]
+                row["name"],
+                Path(row["workdir"]),
+                row["addresses"],
+                row["cores"],
+                row["archive"],
+                row.get("archive_stamp"),  # absent in a layout written before archives were stamped: refused
             )
             replica.java_pid, replica.leader = described["pid"], leader
             fleet.replicas.append(replica)
@@ -325,6 +330,8 @@ class Fleet:
             cause = load_failure()
             if cause:
                 raise FleetError(f"replica {replica.name} cannot load {replica.archive}: {cause}")
+            if replica.server is None or replica.server.process is None or replica.server.process.poll() is not None:
+                raise FleetError(f"replica {replica.name} exited while loading {replica.archive}")
             return self.replica_ready(replica)
 
         wait_for(loaded, timeout, f"replica {replica.name}'s model to be ready")
@@ -359,7 +366,8 @@ class Fleet:
             base=self._base_properties(replica.archive),
         )
         errors: list[BaseException] = []
-        in_parallel([lambda: self._start_replica_thread(replica, timeout, errors)])  # a thread of its own: pinning
+        # A thread of its own, for the pinning; a daemon, so that an aborted roll need not wait out the load.
+        in_parallel([lambda: self._start_replica_thread(replica, timeout, errors)], daemon=True)
         self.save_state()
         if errors:
             raise errors[0]

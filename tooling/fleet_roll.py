@@ -15,9 +15,11 @@ last step both archives answer (each answer's `X-Replica` says which replica gav
 
 If a replica cannot load or answer the new archive, it is restarted on the archive it ran and put
 back, and every replica already rolled is rolled back the same way: the fleet ends on the archive it
-began with, and the error says why. That needs every archive as its replica loaded it: a roll whose
-files changed since (an archive rebuilt in place) is refused. A replica that already runs the archive,
-as loaded, is left as it is, so a roll that was interrupted is finished by the same command again.
+began with (a roll resumed ends as it was resumed), and the error says why. That needs every archive as
+its replica loaded it: a roll whose files changed since (an archive rebuilt in place) is refused, and a
+replica that loaded the target after it changed during the roll is rolled back with the rest. A
+replica that already runs the archive, as loaded, is left as it is, so a roll that was interrupted is
+finished by the same command again.
 One roll at a time (a lock in the fleet's directory).
 `scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
 """
@@ -70,7 +72,10 @@ def only_roll(fleet_dir: Path) -> Iterator[None]:
 
 def check_current(fleet: Fleet) -> None:
     """Refuse to work from a stale reading: the replicas this object knows must be the ones recorded now."""
-    recorded = json.loads(fleet.processes_file.read_text())["replicas"]
+    try:
+        recorded = json.loads(fleet.processes_file.read_text())["replicas"]
+    except FileNotFoundError:
+        raise FleetError("the fleet is no longer up") from None
     if recorded != [replica.leader for replica in fleet.replicas]:
         raise FleetError("the fleet changed since it was read (another roll ended meanwhile?): run the roll again")
 
@@ -82,6 +87,11 @@ def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
     if not path.is_file():
         raise FleetError(f"no {archive} in the fleet's model store {fleet.spec.model_store}: copy it there")
     for replica in fleet.replicas:
+        if replica.archive_stamp is None:
+            raise FleetError(
+                f"{replica.name} was started before archives were stamped (an older checkout): a roll could not "
+                "tell whether its archive is the one it loaded. Start the fleet anew (`down`, then `up`)"
+            )
         loaded = fleet.spec.model_store / replica.archive
         if not loaded.is_file() or file_stamp(loaded) != replica.archive_stamp:
             raise FleetError(
@@ -132,8 +142,11 @@ def sent_again(fleet: Fleet, name: str) -> int:
     return int(row["wretr"] or 0) + int(row["wredis"] or 0)
 
 
-def move_replica(fleet: Fleet, index: int, archive: str, probe: bytes, load_timeout: float) -> Step:
-    """Drain replica `index`, restart it on `archive`, probe it, and put it back in rotation."""
+def move_replica(
+    fleet: Fleet, index: int, archive: str, stamp: list[int] | None, probe: bytes, load_timeout: float
+) -> Step:
+    """Drain replica `index`, restart it on `archive`, probe it, and put it back in rotation. `stamp`: the
+    archive file as the roll found it; a replica that loaded another file is refused (None: not checked)."""
     replica = fleet.replicas[index]
     started, retried = time.monotonic(), sent_again(fleet, replica.name)
     fleet.set_server_state(replica.name, "drain")
@@ -145,6 +158,8 @@ def move_replica(fleet: Fleet, index: int, archive: str, probe: bytes, load_time
         f"the requests in flight on {replica.name} to finish",
     )
     fleet.restart_replica(index, timeout=load_timeout, archive=archive)
+    if stamp is not None and replica.archive_stamp != stamp:
+        raise FleetError(f"{archive} changed during the roll: {replica.name} loaded another file than the others")
     answer = requests.post(
         f"{replica.inference_url}/predictions/{fleet.spec.model_name}",
         data=probe,
@@ -181,7 +196,8 @@ def roll(
         moving = replicas_to_move(fleet, archive)
         if not moving:
             say(f"==> every replica already serves {archive}")
-        before = [replica.archive for replica in fleet.replicas]
+        stamp = file_stamp(fleet.spec.model_store / archive)
+        before = [(replica.archive, replica.archive_stamp) for replica in fleet.replicas]
         steps: list[Step] = []
         for position, index in enumerate(moving):
             name = fleet.replicas[index].name
@@ -189,16 +205,17 @@ def roll(
                 say(f"==> stopped before {name}, as asked: every replica in rotation; the same `roll` moves the rest")
                 return steps
             say(f"==> {name}: drain, restart on {archive}, probe, back in rotation")
-            with said_where_interrupted(name, say):
-                try:
-                    steps.append(move_replica(fleet, index, archive, probe, load_timeout))
-                except Exception as error:
-                    say(f"    {error}")
-                    roll_back(fleet, before, moving[: position + 1], probe, load_timeout, say)
-                    raise FleetError(
-                        f"the roll onto {archive} stopped at {name}: {error}. Rolled back: every replica serves "
-                        f"what it did before ({', '.join(sorted(set(before)))})"
-                    ) from error
+            try:
+                with said_where_interrupted(name, say, "the same `roll` again moves it first"):
+                    steps.append(move_replica(fleet, index, archive, stamp, probe, load_timeout))
+            except Exception as error:
+                say(f"    {error}")
+                roll_back(fleet, before, moving[: position + 1], probe, load_timeout, say)
+                was = ", ".join(sorted({name for name, _ in before}))
+                raise FleetError(
+                    f"the roll onto {archive} stopped at {name}: {error}. Rolled back: each replica it moved "
+                    f"serves what it did before; the fleet runs {was}"
+                ) from error
             step = steps[-1]
             say(
                 f"    {name} serves {archive}: out of rotation {step.seconds:.1f} s, "
@@ -210,7 +227,7 @@ def roll(
 
 
 @contextlib.contextmanager
-def said_where_interrupted(name: str, say: Callable[[str], None]) -> Iterator[None]:
+def said_where_interrupted(name: str, say: Callable[[str], None], then: str) -> Iterator[None]:
     """On an abort, say where the roll stopped and what to do; no roll back, which would take as long."""
     try:
         yield
@@ -218,27 +235,34 @@ def said_where_interrupted(name: str, say: Callable[[str], None]) -> Iterator[No
         raise
     except BaseException:
         say(f"    aborted at {name}: it may be stopped, or still loading (`status`). Once it is READY, `ready {name}` "
-            "puts it back; stopped, the same `roll` again moves it first")  # fmt: skip
+            f"puts it back; stopped, {then}")  # fmt: skip
         raise
 
 
 def roll_back(
-    fleet: Fleet, before: list[str], moved: list[int], probe: bytes, load_timeout: float, say: Callable[[str], None]
+    fleet: Fleet,
+    before: list[tuple[str, list[int] | None]],
+    moved: list[int],
+    probe: bytes,
+    load_timeout: float,
+    say: Callable[[str], None],
 ) -> None:
     """Put the replicas in `moved` (the last one the one that failed) back on the archive each ran, last first."""
     failed = moved[-1]
     for index in reversed(moved):
         replica = fleet.replicas[index]
-        say(f"==> {replica.name}: back to {before[index]}")
+        archive, stamp = before[index]
+        say(f"==> {replica.name}: back to {archive}")
         try:
-            if index == failed and replica.archive == before[index] and ready(fleet, index):
-                # It failed before its restart (the drain): it still serves the old archive, so only put it back.
-                fleet.set_server_state(replica.name, "ready")
-            else:
-                move_replica(fleet, index, before[index], probe, load_timeout)
+            with said_where_interrupted(replica.name, say, f"the same `roll` onto {archive} puts it back"):
+                if index == failed and replica.archive == archive and ready(fleet, index):
+                    # It failed before its restart (the drain): it still serves the old archive; only put it back.
+                    fleet.set_server_state(replica.name, "ready")
+                else:
+                    move_replica(fleet, index, archive, stamp, probe, load_timeout)
         except Exception as error:
             raise FleetError(
-                f"the roll failed, and {replica.name} could not go back to {before[index]} either: {error}. "
+                f"the roll failed, and {replica.name} could not go back to {archive} either: {error}. "
                 "`status` shows what serves; `down`, then `up`, starts the fleet anew"
             ) from error
 

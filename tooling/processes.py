@@ -101,11 +101,12 @@ def java_frontend(leader_pid: int, timeout: float = 30.0) -> psutil.Process:
     raise FleetError(f"no Java frontend under torchserve pid {leader_pid} after {timeout}s")
 
 
-def in_parallel(calls: Sequence[Callable[[], None]]) -> None:
-    """Run the calls in threads (a TorchServe takes seconds to stop, as to start) and wait for all."""
-    # Daemon threads: an interrupted caller (Ctrl-C during a roll) exits rather than waiting out a start;
-    # what they started is already recorded, so `down` still stops it.
-    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+def in_parallel(calls: Sequence[Callable[[], None]], daemon: bool = False) -> None:
+    """Run the calls in threads (a TorchServe takes seconds to stop, as to start) and wait for all.
+
+    `daemon`: an interrupted caller exits without waiting for them (a roll's restart, whose process is
+    recorded as soon as it exists); otherwise it waits (stops, which must finish)."""
+    threads = [threading.Thread(target=call, daemon=daemon) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -275,19 +275,21 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         shutil.copyfile(model_store / next_archive, model_store / turns_bad)
         command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", turns_bad]
         with Load(state["front"], timeout=60, clients=4) as load:
-            rolling = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # One stream, read as it comes (the command's stdout is line-buffered); pytest's timeout bounds it.
+            rolling = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             said = []
             for line in rolling.stdout:
                 said.append(line)
-                if line.startswith("==> r1: drain"):
-                    shutil.copyfile(model_store / unloadable_archive, model_store / turns_bad)
-            error = rolling.stderr.read()
+                if line.startswith("==> r1: drain"):  # whole, at once: r1 reads one file or the other
+                    shutil.copyfile(model_store / unloadable_archive, model_store / f".{turns_bad}")
+                    os.replace(model_store / f".{turns_bad}", model_store / turns_bad)
             rolling.wait(timeout=60)
         failed = [o for o in load.outcomes if not o.ok]
-        print(f"\nroll that r1 cannot load: {''.join(said)}{error}{len(load.outcomes)} requests meanwhile")
-        assert rolling.returncode == 1, "".join(said) + error
-        assert any(line.startswith(f"    r0 serves {turns_bad}") for line in said), said
-        assert "max_length" in error and "Rolled back" in error, error
+        output = "".join(said)
+        print(f"\nroll that r1 cannot load: {output}{len(load.outcomes)} requests meanwhile")
+        assert rolling.returncode == 1, output
+        assert any(line.startswith(f"    r0 serves {turns_bad}") for line in said), output
+        assert "fleet: the roll onto" in output and "max_length" in output and "Rolled back" in output, output
         assert load.outcomes and not failed, failed[:3]
         assert [r["archive"] for r in read_state(root)["replicas"]] == [fleet_archive] * 2
         assert fleet_command("status").returncode == 0

@@ -58,6 +58,12 @@ def test_an_archive_rebuilt_in_place_is_refused_both_as_the_target_and_as_what_a
         replicas_to_move(fleet, "new.mar")
 
 
+def test_a_fleet_started_before_archives_were_stamped_is_refused(fleet):
+    fleet.replicas[1].archive_stamp = None  # a layout.json from an older checkout
+    with pytest.raises(FleetError, match="r1 was started before archives were stamped"):
+        replicas_to_move(fleet, "new.mar")
+
+
 def test_a_replica_out_of_rotation_moves_first_or_is_refused_and_a_missing_archive_is_refused(fleet, monkeypatch):
     monkeypatch.setattr("tooling.fleet_roll.ALL_UP_WAIT_S", 0.2)  # the grace for a check that is late
     with pytest.raises(FleetError, match=r"no absent\.mar in the fleet's model store"):
