@@ -148,6 +148,9 @@ def move_replica(
     """Drain replica `index`, restart it on `archive`, probe it, and put it back in rotation. `stamp`: the
     archive file as the roll found it; a replica that loaded another file is refused (None: not checked)."""
     replica = fleet.replicas[index]
+    target = fleet.spec.model_store / archive
+    if stamp is not None and (not target.is_file() or file_stamp(target) != stamp):
+        raise FleetError(f"{archive} changed during the roll, before {replica.name}'s turn: others run the old file")
     started, retried = time.monotonic(), sent_again(fleet, replica.name)
     fleet.set_server_state(replica.name, "drain")
     held = in_flight(fleet, replica.name)
