@@ -49,11 +49,10 @@ ALL_UP_WAIT_S = 10.0  # on a loaded host one slow health check shows a replica "
 
 @dataclass(frozen=True)
 class Step:
-    """One replica moved onto an archive: how long it was out of rotation, what it held when drained, and how
+    """One replica moved: how long it was out of rotation, what it held when drained, and how
     many requests HAProxy had to send again because they failed on it meanwhile (0 when the drain held)."""
 
     replica: str
-    archive: str
     in_flight_at_drain: int
     seconds: float
     retried: int
@@ -175,7 +174,7 @@ def move_replica(
     wait_for(
         lambda: fleet.servers()[replica.name]["status"] == "UP", UP_TIMEOUT_S, f"HAProxy to have {replica.name} UP"
     )
-    return Step(replica.name, archive, held, time.monotonic() - started, sent_again(fleet, replica.name) - retried)
+    return Step(replica.name, held, time.monotonic() - started, sent_again(fleet, replica.name) - retried)
 
 
 def roll(
