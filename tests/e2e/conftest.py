@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-# What the fixture asks the generator for. A generous batching delay makes batches of several requests
-# form reliably under the concurrent protocol tests; every setting not named here is the generator's default.
+# What the fixture asks the generator for. A batching delay long enough that batches of several requests
+# form reliably under the concurrent protocol tests (16 clients), and short enough that the answers for
+# each text alone, one request at a time, each waiting it out, take seconds; every setting not named here
+# is the generator's default.
 CLUSTER_MODEL = "bert"
 # The response timeout differs from model-config.yaml's on purpose: a test shows the configuration's wins.
-CLUSTER_OPTIONS = {"batch_size": 8, "max_batch_delay": 100, "workers": 1, "response_timeout": 50}
+CLUSTER_OPTIONS = {"batch_size": 8, "max_batch_delay": 30, "workers": 1, "response_timeout": 50}
 # KServe's stock TorchServe runtime sets this variable to turn TorchServe's (batch-unsafe) envelope on.
 # The fixture's server runs with it set, so every test against it shows that it changes nothing.
 ENVELOPE_ENV = {"TS_SERVICE_ENVELOPE": "kserve"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -237,11 +236,12 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 
 
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
-    fleet_archive, next_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
+    fleet_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
-    """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` whose archive r0 loads and r1
-    cannot (it is replaced by an unloadable one as r1's turn comes) fails no request and leaves both replicas
-    on the archive they ran; `down`, another process, stops every pid, those the roll started included."""
+    """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` onto an archive that r0 cannot
+    load exits 1 with the workers' exception, fails no request and puts r0 back on the archive it ran (the
+    roll back of replicas already moved: tests/unit/test_fleet_roll.py); `down`, another process, stops every
+    pid, those the roll started included."""
     require_system_packages()
     root = tmp_path / "cli"
 
@@ -271,25 +271,15 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
 
         processes = root / "fleet" / "processes.json"
         groups = [record["pid"] for record in json.loads(processes.read_text())["replicas"]]
-        turns_bad = "fleet-cli-turns-bad.mar"  # loadable for r0; unloadable by the time r1 loads it
-        shutil.copyfile(model_store / next_archive, model_store / turns_bad)
-        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", turns_bad]
+        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", unloadable_archive]
         with Load(state["front"], timeout=60, clients=4) as load:
-            # One stream, read as it comes (the command's stdout is line-buffered); pytest's timeout bounds it.
-            rolling = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            said = []
-            for line in rolling.stdout:
-                said.append(line)
-                if line.startswith("==> r1: drain"):  # whole, at once: r1 reads one file or the other
-                    shutil.copyfile(model_store / unloadable_archive, model_store / f".{turns_bad}")
-                    os.replace(model_store / f".{turns_bad}", model_store / turns_bad)
-            rolling.wait(timeout=60)
+            rolling = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
         failed = [o for o in load.outcomes if not o.ok]
-        output = "".join(said)
-        print(f"\nroll that r1 cannot load: {output}{len(load.outcomes)} requests meanwhile")
+        output = rolling.stdout + rolling.stderr
+        print(f"\nroll onto an archive r0 cannot load: {output}{len(load.outcomes)} requests meanwhile")
         assert rolling.returncode == 1, output
-        assert any(line.startswith(f"    r0 serves {turns_bad}") for line in said), output
         assert "fleet: the roll onto" in output and "max_length" in output and "Rolled back" in output, output
+        assert "==> r0: back to" in output and "==> r1" not in output, output
         assert load.outcomes and not failed, failed[:3]
         assert [r["archive"] for r in read_state(root)["replicas"]] == [fleet_archive] * 2
         assert fleet_command("status").returncode == 0

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.e2e
 
 SLOW = "slow"  # the test-only fault hook: a batch holding this word stalls STALL_S
 STALL_S = 1.5
-# The old version's drain waits this long (plus its 20 ms delay) after its queue empties: far more than STALL_S,
-# and room for a loaded 2-core machine.
-RESPONSE_TIMEOUT_S = 10
+# The old version's drain waits this long (plus its 20 ms delay) after its queue empties: four times STALL_S,
+# room for a loaded 2-core machine.
+RESPONSE_TIMEOUT_S = 6
 # Two: while one holds a stalled batch, the other empties the queue, so only the drain's wait saves that batch.
 OLD_WORKERS = 2
 SERVER_DEFAULT_WORKERS = 1  # what a registration without initial_workers gets: the update must copy the old count

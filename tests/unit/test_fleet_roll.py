@@ -1,16 +1,19 @@
 """What a fleet roll decides before it touches anything, and the process and state helpers it stands on.
 
 The roll itself, through real TorchServe replicas, HAProxy and Prometheus, is in tests/e2e/test_fleet.py;
-here are the refusals and the selection, on a fleet object with no process (HAProxy's view given), and
-the helpers on real processes and files.
+here are the refusals and the selection, on a fleet object with no process (HAProxy's view given), the
+order of a roll back across replicas, on a fleet whose restarts and HAProxy are stand-ins (its probe a
+real HTTP server), and the helpers on real processes and files.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -18,7 +21,7 @@ import pytest
 from tests.deploy.manifests import fake_archive
 from tooling.fleet import Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import check_current, only_roll, replicas_to_move
+from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
 from tooling.processes import wait_ended
 
 
@@ -74,6 +77,79 @@ def test_a_replica_out_of_rotation_moves_first_or_is_refused_and_a_missing_archi
     fleet.replicas[1].archive_stamp = file_stamp(fleet.spec.model_store / "new.mar")
     with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation"):
         replicas_to_move(fleet, "new.mar")  # r0 would be taken out with r1 still out
+
+
+class StandInFleet(Fleet):
+    """A fleet whose replica restarts and HAProxy are recorded, not run: a restart onto `unloadable` fails
+    for `fails_on` as TorchServe's would (the archive is taken, then the load fails)."""
+
+    def __init__(self, fleet: Fleet, unloadable: str, fails_on: str) -> None:
+        super().__init__(fleet.spec, fleet.root)
+        self.replicas, self.response_timeout = fleet.replicas, fleet.response_timeout
+        self.unloadable, self.fails_on = unloadable, fails_on
+        self.restarts: list[tuple[str, str]] = []
+        self.states = {replica.name: "UP" for replica in self.replicas}
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        row = {"scur": "0", "qcur": "0", "wretr": "0", "wredis": "0"}
+        return {name: {**row, "status": status} for name, status in self.states.items()}
+
+    def set_server_state(self, name: str, state: str) -> None:
+        self.states[name] = {"drain": "DRAIN", "ready": "UP"}[state]
+
+    def restart_replica(self, index: int, timeout: float = 120.0, archive: str | None = None) -> Replica:
+        replica = self.replicas[index]
+        replica.archive = archive or replica.archive
+        self.restarts.append((replica.name, replica.archive))
+        if replica.name == self.fails_on and replica.archive == self.unloadable:
+            raise FleetError(f"{replica.name}'s workers could not load {replica.archive}")
+        replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)
+        return replica
+
+
+@pytest.fixture
+def probe_server():
+    """A loopback HTTP server that answers every POST 200: the replicas' probe target."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_first(fleet, probe_server):
+    """r0 moves onto new.mar, r1 cannot load it: r1, then r0, go back to old.mar, each probed and put back."""
+    for replica in fleet.replicas:
+        replica.addresses = {"inference_address": probe_server}
+        replica.leader = {"pid": 10, "create_time": 1.5}
+    stand_in = StandInFleet(fleet, unloadable="new.mar", fails_on="r1")
+    stand_in.dir.mkdir(parents=True)
+    write_atomically(stand_in.processes_file, {"replicas": [r.leader for r in stand_in.replicas]})
+    said: list[str] = []
+    with pytest.raises(FleetError, match=r"stopped at r1: r1's workers could not load new\.mar\. Rolled back"):
+        roll(stand_in, "new.mar", b"probe", say=said.append)
+    assert stand_in.restarts == [("r0", "new.mar"), ("r1", "new.mar"), ("r1", "old.mar"), ("r0", "old.mar")]
+    assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
+    assert [r.archive_stamp for r in stand_in.replicas] == [file_stamp(fleet.spec.model_store / "old.mar")] * 2
+    assert stand_in.states == {"r0": "UP", "r1": "UP"}
+    assert [line for line in said if line.startswith("==>")] == [
+        "==> r0: drain, restart on new.mar, probe, back in rotation",
+        "==> r1: drain, restart on new.mar, probe, back in rotation",
+        "==> r1: back to old.mar",
+        "==> r0: back to old.mar",
+    ]
 
 
 def test_only_one_roll_at_a_time(tmp_path):
