@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -80,15 +81,27 @@ def test_a_replica_out_of_rotation_moves_first_or_is_refused_and_a_missing_archi
 
 
 class StandInFleet(Fleet):
-    """A fleet whose replica restarts and HAProxy are recorded, not run: a restart onto `unloadable` fails
-    for `fails_on` as TorchServe's would (the archive is taken, then the load fails)."""
+    """`fleet` with its replica restarts and HAProxy recorded, not run, its replicas probed at `probe_url`.
+    A restart takes the archive, then raises what `failures` names for (replica, archive), as a replica
+    whose load fails does; `on_restart` is called with each (replica, archive) restarted."""
 
-    def __init__(self, fleet: Fleet, unloadable: str, fails_on: str) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        probe_url: str,
+        failures: dict[tuple[str, str], BaseException] | None = None,
+        on_restart: Callable[[str, str], None] = lambda name, archive: None,
+    ) -> None:
         super().__init__(fleet.spec, fleet.root)
         self.replicas, self.response_timeout = fleet.replicas, fleet.response_timeout
-        self.unloadable, self.fails_on = unloadable, fails_on
+        self.failures, self.on_restart = failures or {}, on_restart
         self.restarts: list[tuple[str, str]] = []
         self.states = {replica.name: "UP" for replica in self.replicas}
+        for replica in self.replicas:
+            replica.addresses = {f"{api}_address": probe_url for api in ("inference", "management", "metrics")}
+            replica.leader = {"pid": 10, "create_time": 1.5}
+        self.dir.mkdir(parents=True)
+        write_atomically(self.processes_file, {"replicas": [replica.leader for replica in self.replicas]})
 
     def servers(self) -> dict[str, dict[str, str]]:
         row = {"scur": "0", "qcur": "0", "wretr": "0", "wredis": "0"}
@@ -101,14 +114,15 @@ class StandInFleet(Fleet):
         replica = self.replicas[index]
         replica.archive = archive or replica.archive
         self.restarts.append((replica.name, replica.archive))
-        if replica.name == self.fails_on and replica.archive == self.unloadable:
-            raise FleetError(f"{replica.name}'s workers could not load {replica.archive}")
-        replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)
+        replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)  # as a start stamps it
+        self.on_restart(replica.name, replica.archive)
+        if (replica.name, replica.archive) in self.failures:
+            raise self.failures[replica.name, replica.archive]
         return replica
 
 
 @pytest.fixture
-def probe_server():
+def probe_url():
     """A loopback HTTP server that answers every POST 200: the replicas' probe target."""
 
     class Answer(http.server.BaseHTTPRequestHandler):
@@ -129,14 +143,10 @@ def probe_server():
     server.server_close()
 
 
-def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_first(fleet, probe_server):
+def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_first(fleet, probe_url):
     """r0 moves onto new.mar, r1 cannot load it: r1, then r0, go back to old.mar, each probed and put back."""
-    for replica in fleet.replicas:
-        replica.addresses = {"inference_address": probe_server}
-        replica.leader = {"pid": 10, "create_time": 1.5}
-    stand_in = StandInFleet(fleet, unloadable="new.mar", fails_on="r1")
-    stand_in.dir.mkdir(parents=True)
-    write_atomically(stand_in.processes_file, {"replicas": [r.leader for r in stand_in.replicas]})
+    cannot = FleetError("r1's workers could not load new.mar")
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "new.mar"): cannot})
     said: list[str] = []
     with pytest.raises(FleetError, match=r"stopped at r1: r1's workers could not load new\.mar\. Rolled back"):
         roll(stand_in, "new.mar", b"probe", say=said.append)
@@ -150,6 +160,44 @@ def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_
         "==> r1: back to old.mar",
         "==> r0: back to old.mar",
     ]
+
+
+def test_a_stop_asked_mid_roll_finishes_the_replica_in_hand_and_the_same_roll_moves_the_rest(fleet, probe_url):
+    """What the first Ctrl-C or SIGTERM of `scripts.fleet roll` does: r0 is finished and put back, r1 is not
+    touched; the same roll again moves r1 alone."""
+    stop = threading.Event()
+    stand_in = StandInFleet(fleet, probe_url, on_restart=lambda name, archive: stop.set())
+    said: list[str] = []
+    steps = roll(stand_in, "new.mar", b"probe", say=said.append, stop=stop)
+    assert [step.replica for step in steps] == ["r0"] and stand_in.restarts == [("r0", "new.mar")]
+    assert stand_in.states == {"r0": "UP", "r1": "UP"}
+    assert said[-1].startswith("==> stopped before r1, as asked"), said
+    assert [step.replica for step in roll(stand_in, "new.mar", b"probe", say=said.append)] == ["r1"]
+    assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2
+    assert [r["archive"] for r in json.loads(stand_in.state_file.read_text())["replicas"]] == ["new.mar"] * 2
+
+
+def test_an_abort_mid_replica_is_not_rolled_back_and_says_where_it_stood(fleet, probe_url, monkeypatch):
+    """What a second Ctrl-C does while r1 loads: no roll back (it would take as long), r1 named. r1 is recorded
+    on new.mar (a start records its archive once spawned), so the same roll refuses until `ready r1` puts it
+    back, and then has nothing to do; stopped before its spawn, r1 would be on old.mar, and moved first."""
+    monkeypatch.setattr("tooling.fleet_roll.ALL_UP_WAIT_S", 0.2)  # r1 stays DRAIN: no grace to wait out
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "new.mar"): KeyboardInterrupt()})
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        roll(stand_in, "new.mar", b"probe", say=said.append)
+    assert stand_in.restarts == [("r0", "new.mar"), ("r1", "new.mar")], "nothing rolled back"
+    assert said[-1].startswith("    aborted at r1: it may be stopped, or still loading"), said
+    assert said[-1].endswith("`ready r1` puts it back; stopped, the same `roll` again moves it first"), said
+    assert stand_in.states["r1"] == "DRAIN"
+    with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation.*`ready`"):
+        replicas_to_move(stand_in, "new.mar")
+    stand_in.set_server_state("r1", "ready")
+    assert replicas_to_move(stand_in, "new.mar") == []
+    stand_in.set_server_state("r1", "drain")
+    stand_in.replicas[1].archive = "old.mar"
+    stand_in.replicas[1].archive_stamp = file_stamp(fleet.spec.model_store / "old.mar")
+    assert replicas_to_move(stand_in, "new.mar") == [1]
 
 
 def test_only_one_roll_at_a_time(tmp_path):
