@@ -9,8 +9,10 @@
 
 `up` serves model_store/bert.mar (built by scripts/setup.sh) as `bert` with the cluster configuration,
 writes logs/fleet.json, and returns once every replica is ready and every scrape target is up.
-`roll` drains one replica at a time, restarts it on the archive, probes it and puts it back, failing
-no request; a replica that cannot serve the archive rolls every replica back (tooling/fleet_roll.py).
+`roll` first brings in a surge replica on the archive (the fleet keeps its capacity; an archive it
+cannot serve stops the roll with nothing touched), then drains one replica at a time, restarts it on
+the archive, probes it and puts it back, failing no request; a replica that cannot serve the archive
+rolls every replica back; the surge replica is stopped at the end (tooling/fleet_roll.py).
 Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
 """
 
@@ -120,7 +122,7 @@ def roll_archive(args: argparse.Namespace) -> int:
     # replica in the middle of its restart would leave it out.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, interrupted)
-    steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop)
+    steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop, surge=not args.no_surge)
     if stop.is_set() and any(replica.archive != archive.name for replica in fleet.replicas):
         return 1
     slowest = max((step.seconds for step in steps), default=0.0)
@@ -155,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     rolling = commands.add_parser("roll", help="serve another archive, one replica at a time, failing no request")
     rolling.add_argument("archive", help="the new .mar, in the fleet's model store (a file name or a path)")
     rolling.add_argument("--probe", type=Path, default=REVIEW, help="a text file each replica must answer (200)")
+    rolling.add_argument(
+        "--no-surge",
+        action="store_true",
+        help="no surge replica: each step runs the fleet a replica short (when the host has no memory for one more)",
+    )
     commands.add_parser("status", help="show the running fleet")
     commands.add_parser("down", help="stop the fleet")
     for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):

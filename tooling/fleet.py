@@ -55,6 +55,15 @@ from tooling.processes import in_parallel, java_frontend, process_record, same_p
 from tooling.torchserve import TorchServe, all_workers_ready, free_port, new_load_failure
 
 DEFAULT_ROOT = REPO / "logs"
+SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
+# The properties that fix a replica's ports: kept across its restarts, since HAProxy and Prometheus know them.
+ADDRESS_KEYS = (
+    "inference_address",
+    "management_address",
+    "metrics_address",
+    "grpc_inference_port",
+    "grpc_management_port",
+)
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
@@ -123,6 +132,9 @@ class Fleet:
         self.processes_file = self.dir / "processes.json"
         self.layout_file = self.dir / "layout.json"
         self.replicas: list[Replica] = []
+        # The surge slot: fixed ports, in HAProxy's configuration in maintenance; a roll starts it on the new
+        # archive and stops it at the end. None in a fleet whose layout predates it.
+        self.surge: Replica | None = None
         self.haproxy: subprocess.Popen | None = None
         self.prometheus: subprocess.Popen | None = None
         self.front_port = 0
@@ -165,6 +177,13 @@ class Fleet:
             )
             replica.java_pid, replica.leader = described["pid"], leader
             fleet.replicas.append(replica)
+        if layout.get("surge"):
+            row = layout["surge"]
+            fleet.surge = Replica(
+                row["name"], Path(row["workdir"]), row["addresses"], row["cores"], row["archive"], row["archive_stamp"]
+            )
+            fleet.surge.java_pid = (state.get("surge") or {}).get("pid")
+            fleet.surge.leader = records.get("surge")
         return fleet
 
     # ---- addresses --------------------------------------------------------------------------------
@@ -201,6 +220,12 @@ class Fleet:
                 }
                 for replica in self.replicas
             ],
+            # While a roll runs it: the spare replica that keeps the fleet's capacity (null otherwise).
+            "surge": (
+                {"pid": self.surge.java_pid, "inference": self.surge.inference_url, "archive": self.surge.archive}
+                if self.surge is not None and self.surge.leader is not None
+                else None
+            ),
         }
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -237,7 +262,7 @@ class Fleet:
         self.prometheus = None
         self._stop_popen(self.haproxy)
         self.haproxy = None
-        in_parallel([lambda r=replica: self._stop_replica(r) for replica in self.replicas])
+        in_parallel([lambda r=replica: self._stop_replica(r) for replica in self.running()])
         stop_fleet(self.root)
         for log in self._logs:
             log.close()
@@ -276,17 +301,12 @@ class Fleet:
         for index, share in enumerate(shares):
             workdir = self.dir / f"r{index}"
             server = TorchServe(workdir, self.spec.model_store, base=self._base_properties(self.spec.archive))
-            addresses = {
-                key: server.properties[key]
-                for key in (
-                    "inference_address",
-                    "management_address",
-                    "metrics_address",
-                    "grpc_inference_port",
-                    "grpc_management_port",
-                )
-            }
+            addresses = {key: server.properties[key] for key in ADDRESS_KEYS}
             self.replicas.append(Replica(f"r{index}", workdir, addresses, share, self.spec.archive, server=server))
+        # Its ports are chosen now, with the others', so HAProxy's configuration names them; it runs on every
+        # core the fleet has (it fills the cores of the replica a roll restarts).
+        spare = TorchServe(self.dir / SURGE, self.spec.model_store, base=self._base_properties(self.spec.archive))
+        self.surge = Replica(SURGE, self.dir / SURGE, {key: spare.properties[key] for key in ADDRESS_KEYS}, None, "")
         self.save_state()
         # In parallel: on 2 cores, two JVMs starting one after the other double the wait.
         errors: list[BaseException] = []
@@ -353,10 +373,25 @@ class Fleet:
             stop_recorded(replica.leader, group=True)
         replica.leader = None
 
+    def running(self) -> list[Replica]:
+        """The replicas, and the surge replica while it runs."""
+        surge = [self.surge] if self.surge is not None and self.surge.leader is not None else []
+        return [*self.replicas, *surge]
+
     def restart_replica(self, index: int, timeout: float = 120.0, archive: str | None = None) -> Replica:
         """Stop what is left of replica `index` and start it again on the same ports (HAProxy knows them),
         on `archive` (a file name in the model store) when given, else on the one it ran."""
-        replica = self.replicas[index]
+        return self.restart(self.replicas[index], timeout, archive)
+
+    def stop_surge(self) -> None:
+        """Stop the surge replica (take it out of rotation first: its requests would be retried elsewhere)."""
+        if self.surge is not None:
+            self._stop_replica(self.surge)
+            self.surge.java_pid = None
+            self.save_state()
+
+    def restart(self, replica: Replica, timeout: float = 120.0, archive: str | None = None) -> Replica:
+        """`restart_replica` for any replica of this fleet, the surge replica included."""
         self._stop_replica(replica)
         replica.archive = archive or replica.archive
         replica.server = TorchServe(
@@ -394,6 +429,7 @@ class Fleet:
         config.write_text(
             haproxy_config(
                 servers={replica.name: (replica.host_port, replica.management_port) for replica in self.replicas},
+                spares={self.surge.name: (self.surge.host_port, self.surge.management_port)} if self.surge else None,
                 model=self.spec.model_name,
                 front_port=self.front_port,
                 stats_port=self.stats_port,
@@ -462,7 +498,7 @@ class Fleet:
 
     def all_servers_up(self) -> bool:
         servers = haproxy_servers(self.socket_path)
-        return len(servers) == len(self.replicas) and all(row["status"] == "UP" for row in servers.values())
+        return all(servers.get(replica.name, {}).get("status") == "UP" for replica in self.replicas)
 
     def all_targets_up(self) -> bool:
         targets = self.api("targets")["activeTargets"]
@@ -477,7 +513,7 @@ class Fleet:
         return haproxy_command(self.socket_path, command)
 
     def servers(self) -> dict[str, dict[str, str]]:
-        """HAProxy's view of every replica: {name: show-stat columns}."""
+        """HAProxy's view of every replica, and of the surge slot: {name: show-stat columns}."""
         return haproxy_servers(self.socket_path)
 
     def set_server_state(self, name: str, state: str) -> None:
@@ -516,17 +552,20 @@ class Fleet:
         self.root.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomically(self.state_file, self.describe())
-        records = {"replicas": [replica.leader for replica in self.replicas], **self.records}
+        records = {
+            "replicas": [replica.leader for replica in self.replicas],
+            "surge": self.surge.leader if self.surge is not None else None,
+            **self.records,
+        }
         write_atomically(self.processes_file, records)
         ports = dict(zip(PORT_KEYS, (self.front_port, self.stats_port, self.prometheus_port), strict=True))
+        row_keys = ("name", "workdir", "addresses", "cores", "archive", "archive_stamp")
         layout = {
             "spec": asdict(self.spec),
             "response_timeout": self.response_timeout,
             "ports": ports,
-            "replicas": [
-                {key: getattr(r, key) for key in ("name", "workdir", "addresses", "cores", "archive", "archive_stamp")}
-                for r in self.replicas
-            ],
+            "replicas": [{key: getattr(r, key) for key in row_keys} for r in self.replicas],
+            "surge": {key: getattr(self.surge, key) for key in row_keys} if self.surge is not None else None,
         }
         write_atomically(self.layout_file, layout)
 
@@ -559,10 +598,14 @@ def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:
         if records.get(name) and same_process(records[name]):
             stopped.append(f"{name} (pid {records[name]['pid']})")
         stop_recorded(records.get(name), group=False)
-    for index, record in enumerate(records.get("replicas", [])):
+    groups = dict(enumerate(records.get("replicas", [])))
+    if records.get("surge"):
+        groups[SURGE] = records["surge"]
+    for index, record in groups.items():
         if record and same_process(record):
-            stopped.append(f"replica r{index} (process group {record['pid']})")
-    in_parallel([lambda r=record: stop_recorded(r, group=True) for record in records.get("replicas", [])])
+            name = index if index == SURGE else f"r{index}"
+            stopped.append(f"replica {name} (process group {record['pid']})")
+    in_parallel([lambda r=record: stop_recorded(r, group=True) for record in groups.values()])
     state_file.unlink(missing_ok=True)
     processes_file.unlink(missing_ok=True)
     (root / "fleet" / "haproxy.sock").unlink(missing_ok=True)

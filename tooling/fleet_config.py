@@ -77,13 +77,19 @@ def haproxy_config(
     response_timeout: int,
     retries: int,
     latency_budget_ms: int = DEFAULT_BUDGET_MS,
+    spares: Mapping[str, tuple[str, int]] | None = None,
 ) -> str:
     """HAProxy's configuration from deploy/fleet/haproxy.cfg.template for `servers`, {name: (inference
     "127.0.0.1:port", management port)}: requests go to the inference address, health checks ask the
     management API whether every worker of `model` is READY. Each request leaves HAProxy with a deadline:
-    its arrival plus `latency_budget_ms`, or the client's if earlier."""
+    its arrival plus `latency_budget_ms`, or the client's if earlier. `spares`, the same way: servers that
+    start in maintenance (the surge replica a roll brings in), put in rotation through the admin socket."""
     timeout_server = haproxy_timeout_server(response_timeout)
     lines = [f"    server {name} {address} check port {check_port}" for name, (address, check_port) in servers.items()]
+    lines += [
+        f"    server {name} {address} check port {check_port} disabled"
+        for name, (address, check_port) in (spares or {}).items()
+    ]
     return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
         socket=socket_path,
         model=model,

@@ -10,8 +10,14 @@ For each replica in turn:
 3. send it one probe request directly, past HAProxy: it must answer 200;
 4. put it back in rotation and wait until HAProxy has it UP.
 
-The other replicas serve meanwhile: the fleet runs one replica short during each step, and until the
-last step both archives answer (each answer's `X-Replica` says which replica gave it).
+The other replicas serve meanwhile. So that the fleet keeps its capacity, the roll first brings in
+the surge replica (a spare slot HAProxy knows, in maintenance until then) on the new archive, the same
+way: it must load and answer the probe before any replica is touched, so an archive that cannot serve
+stops the roll with nothing changed. It serves beside the others during every step, on every core the
+fleet has (it fills those of the replica being restarted), and is drained and stopped at the end.
+Without it (`surge=False`, or a fleet started before the slot existed) the fleet runs one replica
+short during each step. Until the last step both archives answer (each answer's `X-Replica` says which
+replica gave it).
 
 If a replica cannot load or answer the new archive, it is restarted on the archive it ran and put
 back, and every replica already rolled is rolled back the same way: the fleet ends on the archive it
@@ -38,7 +44,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.fleet import Fleet, file_stamp
+from tooling.fleet import Fleet, Replica, file_stamp
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
 from tooling.processes import wait_for
@@ -114,8 +120,9 @@ def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
             "slow batches short. Serve it on a new fleet (`down`, then `up --archive`)"
         )
     moving = [index for index, replica in enumerate(fleet.replicas) if replica.archive != archive]
+    names = [replica.name for replica in fleet.replicas]
     with contextlib.suppress(FleetError):
-        wait_for(lambda: all(row["status"] == "UP" for row in fleet.servers().values()), ALL_UP_WAIT_S, "all UP")
+        wait_for(lambda: all(fleet.servers()[name]["status"] == "UP" for name in names), ALL_UP_WAIT_S, "all UP")
     servers = fleet.servers()
     out = [index for index, replica in enumerate(fleet.replicas) if servers[replica.name]["status"] != "UP"]
     staying_out = sorted(fleet.replicas[index].name for index in out if index not in moving)
@@ -142,11 +149,11 @@ def sent_again(fleet: Fleet, name: str) -> int:
 
 
 def move_replica(
-    fleet: Fleet, index: int, archive: str, stamp: list[int] | None, probe: bytes, load_timeout: float
+    fleet: Fleet, replica: Replica, archive: str, stamp: list[int] | None, probe: bytes, load_timeout: float
 ) -> Step:
-    """Drain replica `index`, restart it on `archive`, probe it, and put it back in rotation. `stamp`: the
-    archive file as the roll found it; a replica that loaded another file is refused (None: not checked)."""
-    replica = fleet.replicas[index]
+    """Drain `replica`, restart it on `archive`, probe it, and put it back in rotation (the surge replica:
+    bring it in). `stamp`: the archive file as the roll found it; a replica that loaded another file is
+    refused (None: not checked)."""
     target = fleet.spec.model_store / archive
     if stamp is not None and (not target.is_file() or file_stamp(target) != stamp):
         raise FleetError(f"{archive} changed during the roll, before {replica.name}'s turn: others run the old file")
@@ -159,7 +166,7 @@ def move_replica(
         fleet.timeout_server + 5,
         f"the requests in flight on {replica.name} to finish",
     )
-    fleet.restart_replica(index, timeout=load_timeout, archive=archive)
+    fleet.restart(replica, timeout=load_timeout, archive=archive)
     if stamp is not None and replica.archive_stamp != stamp:
         raise FleetError(f"{archive} changed during the roll: {replica.name} loaded another file than the others")
     answer = requests.post(
@@ -185,47 +192,134 @@ def roll(
     load_timeout: float = 180.0,
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
+    surge: bool = True,
 ) -> list[Step]:
-    """Serve `archive` (a file name in the fleet's model store) on every replica of `fleet`, one at a time.
+    """Serve `archive` (a file name in the fleet's model store) on every replica of `fleet`, one at a time,
+    with the surge replica in rotation meanwhile (`surge`, where the fleet has the slot).
 
     Replicas that already run it are left as they are. FleetError if it cannot: nothing was touched (a
-    refused roll), or every replica it moved is back on the archive it ran (a rolled-back one), as the
-    message says. `stop` set: the replica in hand is finished, and the roll ends before the next one (the
-    steps taken are returned). An abort (KeyboardInterrupt, SystemExit) is not rolled back: it says where.
+    refused roll, or an archive the surge replica cannot serve), or every replica it moved is back on the
+    archive it ran (a rolled-back one), as the message says. `stop` set: the replica in hand is finished,
+    and the roll ends before the next one (the steps taken are returned). An abort (KeyboardInterrupt,
+    SystemExit) is not rolled back: it says where. The surge replica is stopped however the roll ends,
+    but for an abort: the next roll, or `down`, stops it then.
     """
     with only_roll(fleet.dir):
         check_current(fleet)
         moving = replicas_to_move(fleet, archive)
+        if fleet.surge is not None and fleet.surge.leader is not None:
+            retire_surge(fleet, say)  # one an aborted roll left in rotation
+        stamp = file_stamp(fleet.spec.model_store / archive)
+        steps: list[Step] = []
         if not moving:
             say(f"==> every replica already serves {archive}")
-        stamp = file_stamp(fleet.spec.model_store / archive)
-        before = [(replica.archive, replica.archive_stamp) for replica in fleet.replicas]
-        steps: list[Step] = []
-        for position, index in enumerate(moving):
-            name = fleet.replicas[index].name
-            if stop is not None and stop.is_set():
-                say(f"==> stopped before {name}, as asked: every replica in rotation; the same `roll` moves the rest")
-                return steps
-            say(f"==> {name}: drain, restart on {archive}, probe, back in rotation")
+        elif surge and fleet.surge is not None:
+            since = surge_counts(fleet)
+            bring_in_surge(fleet, archive, stamp, probe, load_timeout, say)
             try:
-                with said_where_interrupted(name, say, "the same `roll` again moves it first"):
-                    steps.append(move_replica(fleet, index, archive, stamp, probe, load_timeout))
-            except Exception as error:
-                say(f"    {error}")
-                roll_back(fleet, before, moving[: position + 1], probe, load_timeout, say)
-                was = ", ".join(sorted({name for name, _ in before}))
-                raise FleetError(
-                    f"the roll onto {archive} stopped at {name}: {error}. Rolled back: each replica it moved "
-                    f"serves what it did before; the fleet runs {was}"
-                ) from error
-            step = steps[-1]
-            say(
-                f"    {name} serves {archive}: out of rotation {step.seconds:.1f} s, "
-                f"{step.in_flight_at_drain} in flight when drained, {step.retried} sent again by HAProxy"
-            )
-        fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
-        fleet.save_state()
+                steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
+            except Exception:
+                retire_surge(fleet, say, since)
+                raise
+            except BaseException:
+                say(f"    {fleet.surge.name} still serves {archive} in rotation: the next `roll`, or `down`, stops it")
+                raise
+            retire_surge(fleet, say, since)
+        else:
+            if surge:
+                say("==> no surge slot (a fleet started by an older checkout): each step runs a replica short")
+            steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
+        if all(replica.archive == archive for replica in fleet.replicas):
+            fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
+            fleet.save_state()
         return steps
+
+
+def bring_in_surge(
+    fleet: Fleet, archive: str, stamp: list[int], probe: bytes, load_timeout: float, say: Callable[[str], None]
+) -> None:
+    """Start the surge replica on `archive`, probe it and put it in rotation; FleetError, with it stopped
+    again, if it cannot serve the archive: no replica was touched."""
+    surge = fleet.surge
+    assert surge is not None
+    say(f"==> {surge.name}: start on {archive}, probe, in rotation (the fleet keeps its capacity meanwhile)")
+    try:
+        move_replica(fleet, surge, archive, stamp, probe, load_timeout)
+    except Exception as error:
+        say(f"    {error}")
+        retire_surge(fleet, say)
+        raise FleetError(
+            f"the roll onto {archive} stopped before any replica: the surge replica could not serve it: {error}. "
+            "No replica was touched (a cause that is not the archive's: `roll --no-surge` goes without it)"
+        ) from error
+    except BaseException:
+        say(f"    aborted while {surge.name} started: the next `roll`, or `down`, stops it")
+        raise
+
+
+def roll_replicas(
+    fleet: Fleet,
+    archive: str,
+    stamp: list[int],
+    moving: list[int],
+    probe: bytes,
+    load_timeout: float,
+    say: Callable[[str], None],
+    stop: threading.Event | None,
+) -> list[Step]:
+    """Move the replicas `moving`, in order; on a failure, roll back those moved and raise FleetError."""
+    before = [(replica.archive, replica.archive_stamp) for replica in fleet.replicas]
+    steps: list[Step] = []
+    for position, index in enumerate(moving):
+        name = fleet.replicas[index].name
+        if stop is not None and stop.is_set():
+            say(f"==> stopped before {name}, as asked: every replica in rotation; the same `roll` moves the rest")
+            return steps
+        say(f"==> {name}: drain, restart on {archive}, probe, back in rotation")
+        try:
+            with said_where_interrupted(name, say, "the same `roll` again moves it first"):
+                steps.append(move_replica(fleet, fleet.replicas[index], archive, stamp, probe, load_timeout))
+        except Exception as error:
+            say(f"    {error}")
+            roll_back(fleet, before, moving[: position + 1], probe, load_timeout, say)
+            was = ", ".join(sorted({name for name, _ in before}))
+            raise FleetError(
+                f"the roll onto {archive} stopped at {name}: {error}. Rolled back: each replica it moved "
+                f"serves what it did before; the fleet runs {was}"
+            ) from error
+        step = steps[-1]
+        say(
+            f"    {name} serves {archive}: out of rotation {step.seconds:.1f} s, "
+            f"{step.in_flight_at_drain} in flight when drained, {step.retried} sent again by HAProxy"
+        )
+    return steps
+
+
+def surge_counts(fleet: Fleet) -> tuple[int, int]:
+    """HAProxy's counts for the surge slot: requests sent to it, and requests it had to send again."""
+    assert fleet.surge is not None
+    return int(fleet.servers()[fleet.surge.name]["stot"] or 0), sent_again(fleet, fleet.surge.name)
+
+
+def retire_surge(fleet: Fleet, say: Callable[[str], None], since: tuple[int, int] | None = None) -> None:
+    """Drain the surge replica, wait until HAProxy counts nothing in flight on it, stop it, and put its slot
+    back in maintenance; say what it answered since `since` (surge_counts before it came in). A FleetError
+    here is said, not raised: the roll's own outcome is what matters."""
+    surge = fleet.surge
+    assert surge is not None
+    try:
+        fleet.set_server_state(surge.name, "drain")
+        wait_for(lambda: in_flight(fleet, surge.name) == 0, fleet.timeout_server + 5, f"{surge.name} to finish")
+        counts = surge_counts(fleet)
+        fleet.stop_surge()
+        fleet.set_server_state(surge.name, "maint")
+    except FleetError as error:
+        say(f"    {surge.name} could not be retired: {error}; `down` stops it")
+        return
+    said = f"==> {surge.name}: drained and stopped"
+    if since is not None:
+        said += f"; it answered {counts[0] - since[0]} requests, {counts[1] - since[1]} sent again by HAProxy"
+    say(said)
 
 
 @contextlib.contextmanager
@@ -261,7 +355,7 @@ def roll_back(
                     # It failed before its restart (the drain): it still serves the old archive; only put it back.
                     fleet.set_server_state(replica.name, "ready")
                 else:
-                    move_replica(fleet, index, archive, stamp, probe, load_timeout)
+                    move_replica(fleet, replica, archive, stamp, probe, load_timeout)
         except Exception as error:
             raise FleetError(
                 f"the roll failed, and {replica.name} could not go back to {archive} either: {error}. "

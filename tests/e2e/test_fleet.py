@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import psutil
@@ -23,7 +24,7 @@ import pytest
 import requests
 
 from tests.support import expected_alone
-from tooling.fleet import Fleet, missing_system_commands, read_state
+from tooling.fleet import SURGE, Fleet, missing_system_commands, read_state
 from tooling.fleet_config import FleetSpec
 from tooling.fleet_roll import in_flight, roll
 from tooling.paths import REPO
@@ -238,10 +239,10 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     fleet_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
-    """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` onto an archive that r0 cannot
-    load exits 1 with the workers' exception, fails no request and puts r0 back on the archive it ran (the
-    roll back of replicas already moved: tests/unit/test_fleet_roll.py); `down`, another process, stops every
-    pid, those the roll started included."""
+    """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` onto an archive that cannot load
+    exits 1 with the workers' exception once the surge replica fails on it, fails no request, touches no
+    replica and stops the surge (roll backs of replicas: tests/unit/test_fleet_roll.py); `down`, another
+    process, stops every pid."""
     require_system_packages()
     root = tmp_path / "cli"
 
@@ -255,7 +256,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         state = read_state(root)
-        assert set(state) == {"front", "prometheus", "haproxy_socket", "replicas"}
+        assert set(state) == {"front", "prometheus", "haproxy_socket", "replicas", "surge"} and state["surge"] is None
         assert [set(r) for r in state["replicas"]] == [{"pid", "inference", "metrics", "archive"}] * 2
         assert all(psutil.Process(r["pid"]).name() == "java" for r in state["replicas"])
         curl = next(line.strip() for line in started.stdout.splitlines() if line.strip().startswith("curl "))
@@ -276,12 +277,13 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
             rolling = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
         failed = [o for o in load.outcomes if not o.ok]
         output = rolling.stdout + rolling.stderr
-        print(f"\nroll onto an archive r0 cannot load: {output}{len(load.outcomes)} requests meanwhile")
+        print(f"\nroll onto an archive that cannot load: {output}{len(load.outcomes)} requests meanwhile")
         assert rolling.returncode == 1, output
-        assert "fleet: the roll onto" in output and "max_length" in output and "Rolled back" in output, output
-        assert "==> r0: back to" in output and "==> r1" not in output, output
+        assert "stopped before any replica: the surge replica could not serve it" in output, output
+        assert "max_length" in output and "No replica was touched" in output and "==> r0" not in output, output
         assert load.outcomes and not failed, failed[:3]
-        assert [r["archive"] for r in read_state(root)["replicas"]] == [fleet_archive] * 2
+        assert read_state(root)["replicas"] == state["replicas"], "a replica was touched"
+        assert read_state(root)["surge"] is None and not _running_from(root / "fleet" / SURGE), "the surge runs on"
         assert fleet_command("status").returncode == 0
         records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
@@ -302,6 +304,15 @@ def _zombie(process: psutil.Process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.Error:
         return True  # gone meanwhile
+
+
+def _running_from(directory) -> list[int]:
+    """Processes (not zombies) whose command line names `directory`: a replica's torchserve and Java frontend."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(directory) in part for part in p.info["cmdline"] or []) and not _zombie(p)
+    ]
 
 
 def _group(pid: int) -> int | None:
@@ -586,16 +597,23 @@ def test_every_dashboard_panel_returns_data_after_traffic(fleet, failover_run):
 def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or_is_retried(
     healthy_fleet, next_archive, answers_alone
 ):
-    """Under load, with slow batches keeping the replicas busy, `roll` moves both replicas onto 2.0: no request
-    fails, and none of a replica's had to be sent again by HAProxy during its step, so each drain waited for
-    what its replica held. (A roll that fails at r1 and rolls r0 back: the command test above.)"""
+    """Under load, with slow batches keeping the replicas busy, `roll` brings the surge replica in on 2.0, moves
+    both replicas onto 2.0 and retires the surge: no request fails, the surge answered some, and none of a
+    replica's or the surge's had to be sent again by HAProxy, so each drain waited for what its replica held.
+    (An archive the surge cannot load: the command test above; roll backs: tests/unit/test_fleet_roll.py.)"""
     fleet = healthy_fleet
     java_pids = [replica.java_pid for replica in fleet.replicas]
+    said: list[str] = []
+    surge_pids: list[int | None] = []
+    surge_found: list[list[int]] = []
 
     def busy_when_drained(message: str) -> None:
         """Before each replica's drain, wait until it holds a request, so every drain has something to wait for."""
         print(message)
+        said.append(message)
         if message.endswith("back in rotation"):  # "==> rN: drain, restart on ..., probe, back in rotation"
+            surge_pids.append(fleet.surge.java_pid)
+            surge_found.append(_running_from(fleet.surge.workdir))  # what the command test looks for
             name = message.split()[1].rstrip(":")
             wait_for(lambda: in_flight(fleet, name) > 0, 30, f"a request in flight on {name}", 0.01)
 
@@ -624,6 +642,13 @@ def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or
     assert not failed and set(held) == {200}, (failed[:3], held)
     assert not wrong_answers(load.outcomes, answers_alone)
     assert [step.replica for step in steps] == ["r0", "r1"]
+    answered_by = Counter(o.replica for o in load.outcomes)
+    retired = next(line for line in said if line.startswith(f"==> {SURGE}: drained and stopped"))
+    assert answered_by[SURGE] > 0 and retired.endswith(" 0 sent again by HAProxy"), (answered_by, retired)
+    surge_java = surge_pids[0]
+    assert surge_java is not None and surge_java in surge_found[0], (surge_java, surge_found)
+    assert not psutil.pid_exists(surge_java) or _zombie(psutil.Process(surge_java)), "the surge replica still runs"
+    assert fleet.servers()[SURGE]["status"] == "MAINT" and read_state(fleet.root)["surge"] is None
     # Each replica had a request in flight just before its drain (busy_when_drained); a fast one may be done by
     # the drain itself, so at least one, not each, is asserted to have been held.
     assert any(step.in_flight_at_drain for step in steps), "no replica held a request when drained: nothing tested"
@@ -631,5 +656,5 @@ def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or
     assert [replica.server.describe("bert")[0]["modelVersion"] for replica in fleet.replicas] == ["2.0", "2.0"]
     assert not {replica.java_pid for replica in fleet.replicas} & set(java_pids)
     assert [row["archive"] for row in read_state(fleet.root)["replicas"]] == [next_archive] * 2
-    wait_for(lambda: all(row["status"] == "UP" for row in fleet.servers().values()), 10, "both replicas UP")
+    wait_for(lambda: all(fleet.servers()[r.name]["status"] == "UP" for r in fleet.replicas), 10, "both replicas UP")
     assert roll(fleet, next_archive, b"the room was clean", say=print) == [], "a finished roll, again, does nothing"

@@ -35,7 +35,7 @@ def test_haproxy_accepts_the_rendered_configuration(tmp_path):
     servers = {"r0": ("127.0.0.1:18080", 18081), "r1": ("127.0.0.1:18090", 18091)}
     text = haproxy_config(
         servers=servers, model="bert", front_port=18000, stats_port=18001, socket_path=tmp_path / "s.sock",
-        response_timeout=60, retries=3,
+        response_timeout=60, retries=3, spares={"surge": ("127.0.0.1:18100", 18101)},
     )  # fmt: skip
     config = tmp_path / "haproxy.cfg"
     config.write_text(text)
@@ -43,6 +43,7 @@ def test_haproxy_accepts_the_rendered_configuration(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     for name, (address, management_port) in servers.items():
         assert f"server {name} {address} check port {management_port}" in text
+    assert "server surge 127.0.0.1:18100 check port 18101 disabled" in text  # in maintenance until a roll
     assert "http-check send meth GET uri /models/bert" in text
     assert f"timeout server {haproxy_timeout_server(60)}s" in text and haproxy_timeout_server(60) > 60
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.deploy.manifests import fake_archive
-from tooling.fleet import Fleet, Replica, file_stamp, write_atomically
+from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
 from tooling.processes import wait_ended
@@ -91,27 +91,31 @@ class StandInFleet(Fleet):
         probe_url: str,
         failures: dict[tuple[str, str], BaseException] | None = None,
         on_restart: Callable[[str, str], None] = lambda name, archive: None,
+        surge: bool = False,
     ) -> None:
         super().__init__(fleet.spec, fleet.root)
         self.replicas, self.response_timeout = fleet.replicas, fleet.response_timeout
+        self.surge = Replica(SURGE, fleet.root / SURGE, {}, None, "") if surge else None
         self.failures, self.on_restart = failures or {}, on_restart
         self.restarts: list[tuple[str, str]] = []
         self.states = {replica.name: "UP" for replica in self.replicas}
-        for replica in self.replicas:
+        if self.surge is not None:
+            self.states[SURGE] = "MAINT"
+        for replica in [*self.replicas, *([self.surge] if self.surge else [])]:
             replica.addresses = {f"{api}_address": probe_url for api in ("inference", "management", "metrics")}
+        for replica in self.replicas:
             replica.leader = {"pid": 10, "create_time": 1.5}
         self.dir.mkdir(parents=True)
         write_atomically(self.processes_file, {"replicas": [replica.leader for replica in self.replicas]})
 
     def servers(self) -> dict[str, dict[str, str]]:
-        row = {"scur": "0", "qcur": "0", "wretr": "0", "wredis": "0"}
+        row = {"scur": "0", "qcur": "0", "wretr": "0", "wredis": "0", "stot": "0"}
         return {name: {**row, "status": status} for name, status in self.states.items()}
 
     def set_server_state(self, name: str, state: str) -> None:
-        self.states[name] = {"drain": "DRAIN", "ready": "UP"}[state]
+        self.states[name] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[state]
 
-    def restart_replica(self, index: int, timeout: float = 120.0, archive: str | None = None) -> Replica:
-        replica = self.replicas[index]
+    def restart(self, replica: Replica, timeout: float = 120.0, archive: str | None = None) -> Replica:
         replica.archive = archive or replica.archive
         self.restarts.append((replica.name, replica.archive))
         replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)  # as a start stamps it
@@ -149,7 +153,7 @@ def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_
     stand_in = StandInFleet(fleet, probe_url, failures={("r1", "new.mar"): cannot})
     said: list[str] = []
     with pytest.raises(FleetError, match=r"stopped at r1: r1's workers could not load new\.mar\. Rolled back"):
-        roll(stand_in, "new.mar", b"probe", say=said.append)
+        roll(stand_in, "new.mar", b"probe", say=said.append, surge=False)
     assert stand_in.restarts == [("r0", "new.mar"), ("r1", "new.mar"), ("r1", "old.mar"), ("r0", "old.mar")]
     assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
     assert [r.archive_stamp for r in stand_in.replicas] == [file_stamp(fleet.spec.model_store / "old.mar")] * 2
@@ -198,6 +202,45 @@ def test_an_abort_mid_replica_is_not_rolled_back_and_says_where_it_stood(fleet, 
     stand_in.replicas[1].archive = "old.mar"
     stand_in.replicas[1].archive_stamp = file_stamp(fleet.spec.model_store / "old.mar")
     assert replicas_to_move(stand_in, "new.mar") == [1]
+
+
+def test_the_surge_replica_serves_the_archive_through_the_roll_and_is_retired_at_the_end(fleet, probe_url):
+    """Brought in on the new archive before any replica is drained (the fleet keeps its capacity), put back
+    in maintenance once every replica moved."""
+    states_at_restart: list[dict[str, str]] = []
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.on_restart = lambda name, archive: states_at_restart.append(dict(stand_in.states))
+    said: list[str] = []
+    steps = roll(stand_in, "new.mar", b"probe", say=said.append)
+    assert [step.replica for step in steps] == ["r0", "r1"]
+    assert stand_in.restarts == [(SURGE, "new.mar"), ("r0", "new.mar"), ("r1", "new.mar")]
+    assert states_at_restart[1] == {"r0": "DRAIN", "r1": "UP", SURGE: "UP"}, "r0 left with the surge in rotation"
+    assert states_at_restart[2] == {"r0": "UP", "r1": "DRAIN", SURGE: "UP"}
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
+    assert said[0].startswith(f"==> {SURGE}: start on new.mar"), said
+    assert said[-1].startswith(f"==> {SURGE}: drained and stopped; it answered"), said
+    assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
+
+
+def test_an_archive_the_surge_replica_cannot_serve_stops_the_roll_before_any_replica(fleet, probe_url):
+    cannot = FleetError("surge's workers could not load new.mar")
+    stand_in = StandInFleet(fleet, probe_url, surge=True, failures={(SURGE, "new.mar"): cannot})
+    with pytest.raises(FleetError, match="stopped before any replica: the surge replica could not serve it"):
+        roll(stand_in, "new.mar", b"probe", say=print)
+    assert stand_in.restarts == [(SURGE, "new.mar")], "no replica touched"
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
+    assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
+
+
+def test_a_replica_failing_mid_roll_is_rolled_back_with_the_surge_in_rotation_then_the_surge_retires(fleet, probe_url):
+    cannot = FleetError("r1's workers could not load new.mar")
+    stand_in = StandInFleet(fleet, probe_url, surge=True, failures={("r1", "new.mar"): cannot})
+    with pytest.raises(FleetError, match="stopped at r1"):
+        roll(stand_in, "new.mar", b"probe", say=print)
+    assert stand_in.restarts == [(SURGE, "new.mar"), ("r0", "new.mar"), ("r1", "new.mar"), ("r1", "old.mar"),
+                                 ("r0", "old.mar")]  # fmt: skip
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
+    assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
 
 
 def test_only_one_roll_at_a_time(tmp_path):
