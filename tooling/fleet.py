@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from dataclasses import asdict, dataclass
@@ -568,6 +569,21 @@ class Fleet:
             "surge": {key: getattr(self.surge, key) for key in row_keys} if self.surge is not None else None,
         }
         write_atomically(self.layout_file, layout)
+
+
+def ports_taken(replica: Replica) -> list[int]:
+    """`replica`'s ports that something listens on now (a slot's ports are chosen at `up`, not held)."""
+    taken = []
+    for value in replica.addresses.values():
+        port = int(str(value).rsplit(":", 1)[-1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As TorchServe binds: a port whose old connections wait in TIME_WAIT is free; a listener is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(port)
+    return taken
 
 
 def file_stamp(path: Path) -> list[int]:

@@ -13,8 +13,9 @@ For each replica in turn:
 The other replicas serve meanwhile. So that the fleet keeps its capacity, the roll first brings in
 the surge replica (a spare slot HAProxy knows, in maintenance until then) on the new archive, the same
 way: it must load and answer the probe before any replica is touched, so an archive that cannot serve
-stops the roll with nothing changed. It serves beside the others during every step, on every core the
-fleet has (it fills those of the replica being restarted), and is drained and stopped at the end.
+stops the roll with nothing changed. It serves beside the others during every step, unpinned (it shares
+the fleet's cores, the restarting replica's among them), and is drained and stopped at the end; after an
+abort it stays in rotation, kept by the same roll run again, stopped by any other or by `down`.
 Without it (`surge=False`, or a fleet started before the slot existed) the fleet runs one replica
 short during each step. Until the last step both archives answer (each answer's `X-Replica` says which
 replica gave it).
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.fleet import Fleet, Replica, file_stamp
+from tooling.fleet import Fleet, Replica, file_stamp, ports_taken
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
 from tooling.processes import wait_for
@@ -78,10 +79,11 @@ def only_roll(fleet_dir: Path) -> Iterator[None]:
 def check_current(fleet: Fleet) -> None:
     """Refuse to work from a stale reading: the replicas this object knows must be the ones recorded now."""
     try:
-        recorded = json.loads(fleet.processes_file.read_text())["replicas"]
+        records = json.loads(fleet.processes_file.read_text())
     except FileNotFoundError:
         raise FleetError("the fleet is no longer up") from None
-    if recorded != [replica.leader for replica in fleet.replicas]:
+    surge = fleet.surge.leader if fleet.surge is not None else None
+    if records["replicas"] != [replica.leader for replica in fleet.replicas] or records.get("surge") != surge:
         raise FleetError("the fleet changed since it was read (another roll ended meanwhile?): run the roll again")
 
 
@@ -207,32 +209,51 @@ def roll(
     with only_roll(fleet.dir):
         check_current(fleet)
         moving = replicas_to_move(fleet, archive)
-        if fleet.surge is not None and fleet.surge.leader is not None:
-            retire_surge(fleet, say)  # one an aborted roll left in rotation
         stamp = file_stamp(fleet.spec.model_store / archive)
+        surging = surge and fleet.surge is not None and bool(moving) and not (stop is not None and stop.is_set())
+        if fleet.surge is not None and fleet.surge.leader is not None and not (surging and surge_serves(fleet, stamp)):
+            retire_surge(fleet, say)  # one an aborted roll left running, on another archive or not wanted now
         steps: list[Step] = []
+        retired: str | None = None
         if not moving:
             say(f"==> every replica already serves {archive}")
-        elif surge and fleet.surge is not None:
+        elif surging:
             since = surge_counts(fleet)
-            bring_in_surge(fleet, archive, stamp, probe, load_timeout, say)
+            if fleet.surge.leader is None:
+                bring_in_surge(fleet, archive, stamp, probe, load_timeout, say)
+            else:
+                say(f"==> {fleet.surge.name}: serves {archive} already (a roll interrupted), kept in rotation")
             try:
                 steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
             except Exception:
-                retire_surge(fleet, say, since)
+                retire_surge(fleet, say)
                 raise
             except BaseException:
                 say(f"    {fleet.surge.name} still serves {archive} in rotation: the next `roll`, or `down`, stops it")
                 raise
-            retire_surge(fleet, say, since)
+            retired = retire_surge(fleet, say, since)
         else:
-            if surge:
+            if surge and fleet.surge is None:
                 say("==> no surge slot (a fleet started by an older checkout): each step runs a replica short")
             steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
         if all(replica.archive == archive for replica in fleet.replicas):
             fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
             fleet.save_state()
+        if retired is not None:
+            raise FleetError(f"every replica it reached serves {archive}, but the surge replica {retired}")
         return steps
+
+
+def surge_serves(fleet: Fleet, stamp: list[int]) -> bool:
+    """Whether the surge replica, left running, serves the roll's archive file as it is, in rotation."""
+    surge = fleet.surge
+    assert surge is not None
+    target = fleet.spec.model_store / surge.archive if surge.archive else None
+    return (
+        target is not None
+        and surge.archive_stamp == stamp == (file_stamp(target) if target.is_file() else None)
+        and fleet.servers()[surge.name]["status"] == "UP"
+    )
 
 
 def bring_in_surge(
@@ -242,6 +263,12 @@ def bring_in_surge(
     again, if it cannot serve the archive: no replica was touched."""
     surge = fleet.surge
     assert surge is not None
+    taken = ports_taken(surge)
+    if taken:
+        raise FleetError(
+            f"the surge replica's ports {taken} (chosen at `up`) are taken by another process: nothing was touched; "
+            "`roll --no-surge` goes without it"
+        )
     say(f"==> {surge.name}: start on {archive}, probe, in rotation (the fleet keeps its capacity meanwhile)")
     try:
         move_replica(fleet, surge, archive, stamp, probe, load_timeout)
@@ -250,7 +277,7 @@ def bring_in_surge(
         retire_surge(fleet, say)
         raise FleetError(
             f"the roll onto {archive} stopped before any replica: the surge replica could not serve it: {error}. "
-            "No replica was touched (a cause that is not the archive's: `roll --no-surge` goes without it)"
+            "No replica was touched"
         ) from error
     except BaseException:
         say(f"    aborted while {surge.name} started: the next `roll`, or `down`, stops it")
@@ -301,25 +328,33 @@ def surge_counts(fleet: Fleet) -> tuple[int, int]:
     return int(fleet.servers()[fleet.surge.name]["stot"] or 0), sent_again(fleet, fleet.surge.name)
 
 
-def retire_surge(fleet: Fleet, say: Callable[[str], None], since: tuple[int, int] | None = None) -> None:
+def retire_surge(fleet: Fleet, say: Callable[[str], None], since: tuple[int, int] | None = None) -> str | None:
     """Drain the surge replica, wait until HAProxy counts nothing in flight on it, stop it, and put its slot
-    back in maintenance; say what it answered since `since` (surge_counts before it came in). A FleetError
-    here is said, not raised: the roll's own outcome is what matters."""
+    back in maintenance; say what it answered since `since` (surge_counts before it came in). What went wrong,
+    if anything, is said and returned, not raised (a roll that failed has its own error to raise); the
+    process is stopped even then, since HAProxy then sends it nothing or is gone."""
     surge = fleet.surge
     assert surge is not None
+    problem, counts = None, None
     try:
         fleet.set_server_state(surge.name, "drain")
         wait_for(lambda: in_flight(fleet, surge.name) == 0, fleet.timeout_server + 5, f"{surge.name} to finish")
         counts = surge_counts(fleet)
-        fleet.stop_surge()
+    except (FleetError, OSError, LookupError, ValueError) as error:
+        problem = f"could not be drained: {error}"
+    fleet.stop_surge()
+    try:
         fleet.set_server_state(surge.name, "maint")
-    except FleetError as error:
-        say(f"    {surge.name} could not be retired: {error}; `down` stops it")
-        return
+    except (FleetError, OSError) as error:
+        problem = problem or f"was stopped, but its slot is not back in maintenance: {error}"
+    if problem is not None:
+        say(f"    {surge.name} {problem}")
+        return problem
     said = f"==> {surge.name}: drained and stopped"
-    if since is not None:
+    if since is not None and counts is not None:
         said += f"; it answered {counts[0] - since[0]} requests, {counts[1] - since[1]} sent again by HAProxy"
     say(said)
+    return None
 
 
 @contextlib.contextmanager

@@ -119,10 +119,19 @@ class StandInFleet(Fleet):
         replica.archive = archive or replica.archive
         self.restarts.append((replica.name, replica.archive))
         replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)  # as a start stamps it
+        if replica is self.surge:  # recorded once spawned, as a start records it (the replicas keep theirs)
+            replica.leader = {"pid": 20, "create_time": 2.5}
+        self.save_state()
         self.on_restart(replica.name, replica.archive)
         if (replica.name, replica.archive) in self.failures:
             raise self.failures[replica.name, replica.archive]
         return replica
+
+
+@pytest.fixture(autouse=True)
+def surge_ports_free(monkeypatch):
+    """The stand-in surge's addresses are the probe server's: its ports are not a process in the way."""
+    monkeypatch.setattr("tooling.fleet_roll.ports_taken", lambda replica: [])
 
 
 @pytest.fixture
@@ -241,6 +250,89 @@ def test_a_replica_failing_mid_roll_is_rolled_back_with_the_surge_in_rotation_th
                                  ("r0", "old.mar")]  # fmt: skip
     assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
     assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
+
+
+def test_a_stop_during_a_roll_with_the_surge_finishes_the_replica_in_hand_and_retires_the_surge(fleet, probe_url):
+    stop = threading.Event()
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.on_restart = lambda name, archive: stop.set() if name == "r0" else None
+    steps = roll(stand_in, "new.mar", b"probe", say=print, stop=stop)
+    assert [step.replica for step in steps] == ["r0"]
+    assert stand_in.restarts == [(SURGE, "new.mar"), ("r0", "new.mar")]
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"} and stand_in.surge.leader is None
+    stand_in.restarts.clear()
+    assert [step.replica for step in roll(stand_in, "new.mar", b"probe", say=print, stop=stop)] == []
+    assert stand_in.restarts == [], "asked to stop before the roll began: neither the surge nor a replica started"
+
+
+def test_after_an_abort_the_surge_left_in_rotation_is_kept_by_the_same_roll_and_retired_by_another(
+    fleet, probe_url, monkeypatch
+):
+    """A second Ctrl-C while r1 loads leaves the surge serving new.mar in rotation: the same roll keeps it
+    while it moves r1, then retires it; a roll onto another archive retires a surge it finds first."""
+    monkeypatch.setattr("tooling.fleet_roll.ALL_UP_WAIT_S", 0.2)
+    stand_in = StandInFleet(fleet, probe_url, surge=True, failures={("r1", "new.mar"): KeyboardInterrupt()})
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        roll(stand_in, "new.mar", b"probe", say=said.append)
+    assert said[-1] == f"    {SURGE} still serves new.mar in rotation: the next `roll`, or `down`, stops it", said
+    assert stand_in.states[SURGE] == "UP" and stand_in.surge.leader is not None
+    stand_in.failures.clear()
+    stand_in.replicas[1].archive = "old.mar"
+    stand_in.replicas[1].archive_stamp = file_stamp(fleet.spec.model_store / "old.mar")
+    stand_in.set_server_state("r1", "ready")  # as if stopped before its restart: the roll moves it
+    stand_in.restarts.clear()
+    said.clear()
+    assert [step.replica for step in roll(stand_in, "new.mar", b"probe", say=said.append)] == ["r1"]
+    assert stand_in.restarts == [("r1", "new.mar")], "the surge on new.mar kept, not restarted"
+    assert said[0] == f"==> {SURGE}: serves new.mar already (a roll interrupted), kept in rotation", said
+    assert stand_in.states[SURGE] == "MAINT" and stand_in.surge.leader is None
+
+    stand_in.restart(stand_in.surge, archive="new.mar")  # left running again, on new.mar
+    stand_in.set_server_state(SURGE, "ready")
+    stand_in.restarts.clear()
+    said.clear()
+    roll(stand_in, "old.mar", b"probe", say=said.append)
+    assert stand_in.restarts[:2] == [(SURGE, "old.mar"), ("r0", "old.mar")]
+    assert said[0] == f"==> {SURGE}: drained and stopped", "the surge on new.mar retired before it came in on old.mar"
+
+
+def test_a_surge_that_cannot_be_retired_is_stopped_and_the_roll_says_so(fleet, probe_url):
+    """HAProxy's socket failing at the end: the surge's process is stopped anyway, every replica is on the
+    archive and recorded so, and the roll fails with what is left to do."""
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    drain = stand_in.set_server_state
+
+    def socket_gone(name: str, state: str) -> None:
+        if name == SURGE and state in ("drain", "maint") and len(stand_in.restarts) == 3:  # once r1 moved
+            raise ConnectionRefusedError("haproxy.sock")
+        drain(name, state)
+
+    stand_in.set_server_state = socket_gone
+    with pytest.raises(FleetError, match=r"every replica it reached serves new\.mar, but the surge replica could not"):
+        roll(stand_in, "new.mar", b"probe", say=print)
+    assert stand_in.surge.leader is None, "the surge's process was left running"
+    assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
+
+
+def test_a_port_another_process_listens_on_is_taken_and_a_free_one_is_not(tmp_path):
+    import socket
+
+    from tooling.fleet import ports_taken
+    from tooling.torchserve import free_port
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy, free = listener.getsockname()[1], free_port()
+        slot = Replica(
+            SURGE,
+            tmp_path,
+            {"inference_address": f"http://127.0.0.1:{busy}", "grpc_inference_port": str(free)},
+            None,
+            "",
+        )
+        assert ports_taken(slot) == [busy]
 
 
 def test_only_one_roll_at_a_time(tmp_path):
