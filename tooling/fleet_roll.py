@@ -211,49 +211,63 @@ def roll(
         moving = replicas_to_move(fleet, archive)
         stamp = file_stamp(fleet.spec.model_store / archive)
         surging = surge and fleet.surge is not None and bool(moving) and not (stop is not None and stop.is_set())
-        if fleet.surge is not None and fleet.surge.leader is not None and not (surging and surge_serves(fleet, stamp)):
-            retire_surge(fleet, say)  # one an aborted roll left running, on another archive or not wanted now
+        problems: list[str | None] = []
+        left = fleet.surge is not None and fleet.surge.leader is not None
+        if left and not (surging and surge_serves(fleet, archive, stamp)):
+            problems.append(retire_surge(fleet, say))  # one an aborted roll left running, not wanted now
         steps: list[Step] = []
-        retired: str | None = None
         if not moving:
             say(f"==> every replica already serves {archive}")
         elif surging:
+            surge_name = fleet.surge.name
             since = surge_counts(fleet)
             if fleet.surge.leader is None:
                 bring_in_surge(fleet, archive, stamp, probe, load_timeout, say)
             else:
-                say(f"==> {fleet.surge.name}: serves {archive} already (a roll interrupted), kept in rotation")
-            try:
-                steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
-            except Exception:
-                retire_surge(fleet, say)
-                raise
-            except BaseException:
-                say(f"    {fleet.surge.name} still serves {archive} in rotation: the next `roll`, or `down`, stops it")
-                raise
-            retired = retire_surge(fleet, say, since)
+                say(f"==> {surge_name}: serves {archive} already (a roll interrupted), kept in rotation")
+            with said_if_aborted(f"    {surge_name} still runs: the next `roll`, or `down`, stops it", say):
+                try:
+                    steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
+                except Exception:
+                    retire_surge(fleet, say, since)
+                    raise
+                record_archive(fleet, archive)
+                problems.append(retire_surge(fleet, say, since))
         else:
             if surge and fleet.surge is None:
                 say("==> no surge slot (a fleet started by an older checkout): each step runs a replica short")
             steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
-        if all(replica.archive == archive for replica in fleet.replicas):
-            fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
-            fleet.save_state()
-        if retired is not None:
-            raise FleetError(f"every replica it reached serves {archive}, but the surge replica {retired}")
+        record_archive(fleet, archive)
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None:
+            raise FleetError(f"every replica it reached serves {archive}, but the surge replica {problem}")
         return steps
 
 
-def surge_serves(fleet: Fleet, stamp: list[int]) -> bool:
-    """Whether the surge replica, left running, serves the roll's archive file as it is, in rotation."""
+def record_archive(fleet: Fleet, archive: str) -> None:
+    """Once every replica serves `archive`, it is the fleet's (what `status` and the next `attach` read)."""
+    if all(replica.archive == archive for replica in fleet.replicas) and fleet.spec.archive != archive:
+        fleet.spec = dataclasses.replace(fleet.spec, archive=archive)
+        fleet.save_state()
+
+
+@contextlib.contextmanager
+def said_if_aborted(message: str, say: Callable[[str], None]) -> Iterator[None]:
+    """Say `message` when an abort (KeyboardInterrupt, SystemExit) passes through."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        say(message)
+        raise
+
+
+def surge_serves(fleet: Fleet, archive: str, stamp: list[int]) -> bool:
+    """Whether the surge replica, left running, serves `archive`'s file as it is now (`stamp`), in rotation."""
     surge = fleet.surge
     assert surge is not None
-    target = fleet.spec.model_store / surge.archive if surge.archive else None
-    return (
-        target is not None
-        and surge.archive_stamp == stamp == (file_stamp(target) if target.is_file() else None)
-        and fleet.servers()[surge.name]["status"] == "UP"
-    )
+    return surge.archive == archive and surge.archive_stamp == stamp and fleet.servers()[surge.name]["status"] == "UP"
 
 
 def bring_in_surge(
@@ -357,17 +371,13 @@ def retire_surge(fleet: Fleet, say: Callable[[str], None], since: tuple[int, int
     return None
 
 
-@contextlib.contextmanager
-def said_where_interrupted(name: str, say: Callable[[str], None], then: str) -> Iterator[None]:
+def said_where_interrupted(name: str, say: Callable[[str], None], then: str) -> contextlib.AbstractContextManager:
     """On an abort, say where the roll stopped and what to do; no roll back, which would take as long."""
-    try:
-        yield
-    except Exception:
-        raise
-    except BaseException:
-        say(f"    aborted at {name}: it may be stopped, or still loading (`status`). Once it is READY, `ready {name}` "
-            f"puts it back; stopped, {then}")  # fmt: skip
-        raise
+    return said_if_aborted(
+        f"    aborted at {name}: it may be stopped, or still loading (`status`). Once it is READY, `ready {name}` "
+        f"puts it back; stopped, {then}",
+        say,
+    )
 
 
 def roll_back(

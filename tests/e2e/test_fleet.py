@@ -287,7 +287,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert fleet_command("status").returncode == 0
         records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
-        groups += [record["pid"] for record in records["replicas"]]  # the roll's and the first ones alike
+        groups += [record["pid"] for record in records["replicas"]]  # the same ones: the roll restarted none
     finally:
         stopped = fleet_command("down")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -98,6 +98,7 @@ class StandInFleet(Fleet):
         self.surge = Replica(SURGE, fleet.root / SURGE, {}, None, "") if surge else None
         self.failures, self.on_restart = failures or {}, on_restart
         self.restarts: list[tuple[str, str]] = []
+        self.stops: list[str] = []  # never a real signal: the leaders here are made up
         self.states = {replica.name: "UP" for replica in self.replicas}
         if self.surge is not None:
             self.states[SURGE] = "MAINT"
@@ -115,7 +116,13 @@ class StandInFleet(Fleet):
     def set_server_state(self, name: str, state: str) -> None:
         self.states[name] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[state]
 
+    def _stop_replica(self, replica: Replica) -> None:
+        if replica.leader is not None:
+            self.stops.append(replica.name)
+        replica.leader = None
+
     def restart(self, replica: Replica, timeout: float = 120.0, archive: str | None = None) -> Replica:
+        self._stop_replica(replica)
         replica.archive = archive or replica.archive
         self.restarts.append((replica.name, replica.archive))
         replica.archive_stamp = file_stamp(self.spec.model_store / replica.archive)  # as a start stamps it
@@ -225,7 +232,7 @@ def test_the_surge_replica_serves_the_archive_through_the_roll_and_is_retired_at
     assert stand_in.restarts == [(SURGE, "new.mar"), ("r0", "new.mar"), ("r1", "new.mar")]
     assert states_at_restart[1] == {"r0": "DRAIN", "r1": "UP", SURGE: "UP"}, "r0 left with the surge in rotation"
     assert states_at_restart[2] == {"r0": "UP", "r1": "DRAIN", SURGE: "UP"}
-    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"} and stand_in.stops[-1] == SURGE
     assert said[0].startswith(f"==> {SURGE}: start on new.mar"), said
     assert said[-1].startswith(f"==> {SURGE}: drained and stopped; it answered"), said
     assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
@@ -275,7 +282,7 @@ def test_after_an_abort_the_surge_left_in_rotation_is_kept_by_the_same_roll_and_
     said: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         roll(stand_in, "new.mar", b"probe", say=said.append)
-    assert said[-1] == f"    {SURGE} still serves new.mar in rotation: the next `roll`, or `down`, stops it", said
+    assert said[-1] == f"    {SURGE} still runs: the next `roll`, or `down`, stops it", said
     assert stand_in.states[SURGE] == "UP" and stand_in.surge.leader is not None
     stand_in.failures.clear()
     stand_in.replicas[1].archive = "old.mar"
@@ -311,8 +318,31 @@ def test_a_surge_that_cannot_be_retired_is_stopped_and_the_roll_says_so(fleet, p
     stand_in.set_server_state = socket_gone
     with pytest.raises(FleetError, match=r"every replica it reached serves new\.mar, but the surge replica could not"):
         roll(stand_in, "new.mar", b"probe", say=print)
-    assert stand_in.surge.leader is None, "the surge's process was left running"
+    assert stand_in.stops[-1] == SURGE, "the surge's process was left running"
     assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
+
+
+def test_a_surge_slot_whose_port_another_process_holds_stops_the_roll_before_anything(fleet, probe_url, monkeypatch):
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    monkeypatch.setattr("tooling.fleet_roll.ports_taken", lambda replica: [12345] if replica.name == SURGE else [])
+    with pytest.raises(FleetError, match=r"ports \[12345\] \(chosen at `up`\) are taken by another process"):
+        roll(stand_in, "new.mar", b"probe", say=print)
+    assert stand_in.restarts == [] and stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"}
+
+
+def test_down_from_another_process_stops_a_surge_replica_a_roll_left_running(tmp_path):
+    from tooling.fleet import stop_fleet
+    from tooling.processes import process_record
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "fleet").mkdir()
+        write_atomically(tmp_path / "fleet" / "processes.json", {"replicas": [], "surge": process_record(left.pid)})
+        assert stop_fleet(tmp_path) == [f"replica {SURGE} (process group {left.pid})"]
+        assert left.wait(timeout=30) is not None
+    finally:
+        left.kill()
+        left.wait()
 
 
 def test_a_port_another_process_listens_on_is_taken_and_a_free_one_is_not(tmp_path):
@@ -352,6 +382,10 @@ def test_a_roll_refuses_to_work_from_a_stale_reading_of_the_fleet(fleet):
     write_atomically(fleet.processes_file, {"replicas": leaders})
     check_current(fleet)
     write_atomically(fleet.processes_file, {"replicas": [leaders[0], {"pid": 99, "create_time": 2.5}]})
+    with pytest.raises(FleetError, match="the fleet changed since it was read"):
+        check_current(fleet)
+    fleet.surge = Replica(SURGE, fleet.root / SURGE, {}, None, "")  # a surge another roll started meanwhile
+    write_atomically(fleet.processes_file, {"replicas": leaders, "surge": {"pid": 30, "create_time": 3.5}})
     with pytest.raises(FleetError, match="the fleet changed since it was read"):
         check_current(fleet)
 
