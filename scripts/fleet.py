@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except FleetError as error:
         print(f"fleet: {error}", file=sys.stderr)
         return 1
+    except OSError as error:  # HAProxy's socket or a replica gone: the fleet is down, or going
+        print(f"fleet: {error} (is the fleet up? `status` says)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # an aborted roll has said where it stood
         return 130
 

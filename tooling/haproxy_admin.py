@@ -13,7 +13,10 @@ def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0)
     """Send one command to HAProxy's admin socket and return its answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(str(socket_path))
+        try:
+            sock.connect(str(socket_path))
+        except OSError as error:  # still an OSError (callers poll through it), naming what could not be reached
+            raise OSError(error.errno, f"HAProxy's admin socket {socket_path}: {error.strerror or error}") from error
         sock.sendall(command.encode() + b"\n")
         chunks = []
         while chunk := sock.recv(65536):

@@ -23,6 +23,7 @@ from tests.deploy.manifests import fake_archive
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
+from tooling.paths import REPO
 from tooling.processes import wait_ended
 
 
@@ -409,3 +410,12 @@ def test_a_zombie_has_ended_and_a_running_process_has_not():
         running.kill()
         running.wait()
         exited.wait()
+
+
+def test_the_command_line_names_a_fleet_it_cannot_reach_instead_of_a_traceback(tmp_path):
+    """`drain` on a fleet whose HAProxy is gone (its socket removed): exit 1 with one line, no traceback."""
+    write_atomically(tmp_path / "fleet.json", {"haproxy_socket": str(tmp_path / "gone.sock")})
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(tmp_path), "drain", "r0"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "gone.sock" in done.stderr and "is the fleet up?" in done.stderr, done.stderr
