@@ -12,7 +12,9 @@ The same components as a production fleet, on loopback ports:
 - HAProxy (deploy/fleet/haproxy.cfg.template) balances them with `leastconn`, health-checks /ping every
   second, retries a failed or unanswered request on another replica, and has an admin socket for draining;
 - Prometheus scrapes every replica's metrics port and HAProxy's own exporter, with the repository's
-  recording and alerting rules (deploy/prometheus/).
+  recording and alerting rules (deploy/prometheus/);
+- a surge slot: ports of its own and a server in HAProxy's configuration, in maintenance until a roll
+  (tooling/fleet_roll.py) runs a replica there beside the others.
 
 What was started is written to `<root>/fleet.json` (the public description: front URL, Prometheus
 URL, HAProxy's socket, each replica's Java frontend pid, URLs and archive), `<root>/fleet/processes.json`
@@ -304,8 +306,8 @@ class Fleet:
             server = TorchServe(workdir, self.spec.model_store, base=self._base_properties(self.spec.archive))
             addresses = {key: server.properties[key] for key in ADDRESS_KEYS}
             self.replicas.append(Replica(f"r{index}", workdir, addresses, share, self.spec.archive, server=server))
-        # Its ports are chosen now, with the others', so HAProxy's configuration names them; it runs on every
-        # core the fleet has (it fills the cores of the replica a roll restarts).
+        # The surge slot's ports are chosen now, with the others', so HAProxy's configuration names them; a roll
+        # starts it unpinned: it shares the fleet's cores, the restarting replica's among them.
         spare = TorchServe(self.dir / SURGE, self.spec.model_store, base=self._base_properties(self.spec.archive))
         self.surge = Replica(SURGE, self.dir / SURGE, {key: spare.properties[key] for key in ADDRESS_KEYS}, None, "")
         self.save_state()
