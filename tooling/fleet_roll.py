@@ -211,10 +211,10 @@ def roll(
         moving = replicas_to_move(fleet, archive)
         stamp = file_stamp(fleet.spec.model_store / archive)
         surging = surge and fleet.surge is not None and bool(moving) and not (stop is not None and stop.is_set())
-        problems: list[str | None] = []
+        problem = None  # what went wrong retiring the surge replica, said at the end
         left = fleet.surge is not None and fleet.surge.leader is not None
         if left and not (surging and surge_serves(fleet, archive, stamp)):
-            problems.append(retire_surge(fleet, say))  # one an aborted roll left running, not wanted now
+            problem = retire_surge(fleet, say)  # one an aborted roll left running, not wanted now
         steps: list[Step] = []
         if not moving:
             say(f"==> every replica already serves {archive}")
@@ -232,13 +232,12 @@ def roll(
                     retire_surge(fleet, say, since)
                     raise
                 record_archive(fleet, archive)
-                problems.append(retire_surge(fleet, say, since))
+                problem = retire_surge(fleet, say, since) or problem
         else:
             if surge and fleet.surge is None:
                 say("==> no surge slot (a fleet started by an older checkout): each step runs a replica short")
             steps = roll_replicas(fleet, archive, stamp, moving, probe, load_timeout, say, stop)
         record_archive(fleet, archive)
-        problem = next((p for p in problems if p is not None), None)
         if problem is not None:
             raise FleetError(f"every replica it reached serves {archive}, but the surge replica {problem}")
         return steps
@@ -285,7 +284,8 @@ def bring_in_surge(
         )
     say(f"==> {surge.name}: start on {archive}, probe, in rotation (the fleet keeps its capacity meanwhile)")
     try:
-        move_replica(fleet, surge, archive, stamp, probe, load_timeout)
+        with said_if_aborted(f"    aborted while {surge.name} started: the next `roll`, or `down`, stops it", say):
+            move_replica(fleet, surge, archive, stamp, probe, load_timeout)
     except Exception as error:
         say(f"    {error}")
         retire_surge(fleet, say)
@@ -293,9 +293,6 @@ def bring_in_surge(
             f"the roll onto {archive} stopped before any replica: the surge replica could not serve it: {error}. "
             "No replica was touched"
         ) from error
-    except BaseException:
-        say(f"    aborted while {surge.name} started: the next `roll`, or `down`, stops it")
-        raise
 
 
 def roll_replicas(
