@@ -323,6 +323,26 @@ def test_a_surge_that_cannot_be_retired_is_stopped_and_the_roll_says_so(fleet, p
     assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
 
 
+def test_a_surge_left_running_that_cannot_be_retired_at_the_start_is_stopped_and_fails_the_roll(fleet, probe_url):
+    """A roll with --no-surge finds the surge an aborted roll left: HAProxy's socket failing as it is drained,
+    its process is stopped anyway, the replicas still move, and the roll fails saying so."""
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.restart(stand_in.surge, archive="new.mar")  # left running by an aborted roll
+    stand_in.set_server_state(SURGE, "ready")
+    set_state = stand_in.set_server_state
+
+    def socket_gone(name: str, state: str) -> None:
+        if name == SURGE and state == "drain":
+            raise ConnectionRefusedError("haproxy.sock")
+        set_state(name, state)
+
+    stand_in.set_server_state = socket_gone
+    with pytest.raises(FleetError, match=r"but the surge replica could not be drained: haproxy\.sock"):
+        roll(stand_in, "new.mar", b"probe", say=print, surge=False)
+    assert stand_in.stops[0] == SURGE and stand_in.surge.leader is None
+    assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2
+
+
 def test_a_surge_slot_whose_port_another_process_holds_stops_the_roll_before_anything(fleet, probe_url, monkeypatch):
     stand_in = StandInFleet(fleet, probe_url, surge=True)
     monkeypatch.setattr("tooling.fleet_roll.ports_taken", lambda replica: [12345] if replica.name == SURGE else [])
