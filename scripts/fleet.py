@@ -5,7 +5,7 @@
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
-    .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started
+    .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
 `up` serves model_store/bert.mar (built by scripts/setup.sh) as `bert` with the cluster configuration,
 writes logs/fleet.json, and returns once every replica is ready and every scrape target is up.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tooling.fleet import DEFAULT_ROOT, Fleet, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
-from tooling.fleet_roll import roll
+from tooling.fleet_roll import roll, roll_stopped
 from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -101,6 +101,22 @@ def set_state(args: argparse.Namespace) -> int:
     return 1 if answer else 0
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """The first Ctrl-C or SIGTERM sets `stop`: the roll ends between replicas, with every replica in rotation
+    (stopping a replica in the middle of its restart would leave it out). The second aborts where it stands,
+    with the status of the signal that asked: `down` sends two SIGTERMs (tooling/fleet_roll.roll_stopped)."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+        stop.set()
+        # os.write, not print: the signal may arrive while the roll itself is printing.
+        os.write(1, b"==> finishing the replica in hand, then stopping (interrupt again to abort at once)\n")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
+
+
 def roll_archive(args: argparse.Namespace) -> int:
     fleet = Fleet.attach(args.root)
     archive = Path(args.archive)
@@ -110,18 +126,7 @@ def roll_archive(args: argparse.Namespace) -> int:
     if not args.probe.is_file():
         raise FleetError(f"no probe file {args.probe}")
     stop = threading.Event()
-
-    def interrupted(signum: int, frame: object) -> None:
-        if stop.is_set():  # the second: abort where it stands, with the status of the signal that asked
-            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
-        stop.set()
-        # os.write, not print: the signal may arrive while the roll itself is printing.
-        os.write(1, b"==> finishing the replica in hand, then stopping (interrupt again to abort at once)\n")
-
-    # The first Ctrl-C or SIGTERM ends the roll between replicas, with every replica in rotation; stopping a
-    # replica in the middle of its restart would leave it out.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, interrupted)
+    stop_on_signals(stop)
     steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop, surge=not args.no_surge)
     if stop.is_set() and any(replica.archive != archive.name for replica in fleet.replicas):
         return 1
@@ -131,7 +136,10 @@ def roll_archive(args: argparse.Namespace) -> int:
 
 
 def down(args: argparse.Namespace) -> int:
-    stopped = stop_fleet(args.root)
+    with roll_stopped(args.root / "fleet") as rolling:
+        if rolling is not None:
+            print(f"==> stopped the roll in progress (pid {rolling['pid']}), as it stood: nothing rolled back")
+        stopped = stop_fleet(args.root)
     print("==> stopped " + (", ".join(stopped) if stopped else "nothing (no fleet was running)"))
     return 0
 

@@ -14,7 +14,8 @@ The same components as a production fleet, on loopback ports:
 - Prometheus scrapes every replica's metrics port and HAProxy's own exporter, with the repository's
   recording and alerting rules (deploy/prometheus/);
 - a surge slot: ports of its own and a server in HAProxy's configuration, in maintenance until a roll
-  (tooling/fleet_roll.py) runs a replica there beside the others.
+  (tooling/fleet_roll.py) runs a replica there beside the others; Prometheus scrapes it while it
+  answers, found through `fleet/surge-targets.json`.
 
 What was started is written to `<root>/fleet.json` (the public description: front URL, Prometheus
 URL, HAProxy's socket, each replica's Java frontend pid, URLs and archive), `<root>/fleet/processes.json`
@@ -33,6 +34,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from tooling.fleet_config import (
     haproxy_config,
     haproxy_timeout_server,
     prometheus_config,
+    surge_targets,
 )
 from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.model_archive import archive_response_timeout
@@ -134,6 +137,7 @@ class Fleet:
         self.state_file = self.root / "fleet.json"
         self.processes_file = self.dir / "processes.json"
         self.layout_file = self.dir / "layout.json"
+        self.surge_targets_file = self.dir / "surge-targets.json"  # Prometheus's file discovery of the surge
         self.replicas: list[Replica] = []
         # The surge slot: fixed ports, in HAProxy's configuration in maintenance; a roll starts it on the new
         # archive and stops it at the end. None in a fleet whose layout predates it.
@@ -389,9 +393,28 @@ class Fleet:
     def stop_surge(self) -> None:
         """Stop the surge replica (take it out of rotation first: its requests would be retried elsewhere)."""
         if self.surge is not None:
-            self._stop_replica(self.surge)
+            scraped = self.surge.java_pid is not None
             self.surge.java_pid = None
+            self.save_state()  # out of Prometheus's targets before it stops answering: else it is a replica down
+            if scraped:
+                self._wait_unscraped(self.surge.name)
+            self._stop_replica(self.surge)
             self.save_state()
+
+    def _wait_unscraped(self, name: str, timeout: float = 15.0) -> None:
+        """Wait until Prometheus no longer scrapes replica `name` (gone from its discovery file): it applies the
+        change within about 10 s (discovery and the scrape manager each update at most every 5 s), and a target
+        scraped after it stopped is recorded down. Bounded: a Prometheus that cannot be asked is not waited for,
+        and one slower than `timeout` records a moment of `up` 0, far below BertReplicaDown's minute."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                targets = self.api("targets", state="active")["activeTargets"]
+            except (requests.RequestException, FleetError):
+                return
+            if not any(target["labels"].get("replica") == name for target in targets):
+                return
+            time.sleep(0.25)
 
     def restart(self, replica: Replica, timeout: float = 120.0, archive: str | None = None) -> Replica:
         """`restart_replica` for any replica of this fleet, the surge replica included."""
@@ -462,6 +485,7 @@ class Fleet:
                 haproxy_target=self.haproxy_metrics_url.removeprefix("http://"),
                 rule_files=[RECORDING_RULES, alerts],
                 interval_s=self.spec.scrape_interval_s,
+                surge_targets_file=self.surge_targets_file,
             )
         )
         data = self.dir / "prometheus-data"
@@ -547,7 +571,8 @@ class Fleet:
     # ---- state ------------------------------------------------------------------------------------
 
     def save_state(self) -> None:
-        """Write fleet.json, processes.json and layout.json for what runs now (after every start and restart)."""
+        """Write fleet.json, processes.json, layout.json and surge-targets.json for what runs now (after every
+        start and restart)."""
         with self._state_lock:
             self._write_state()
 
@@ -571,6 +596,9 @@ class Fleet:
             "surge": {key: getattr(self.surge, key) for key in row_keys} if self.surge is not None else None,
         }
         write_atomically(self.layout_file, layout)
+        surge_answers = self.surge is not None and self.surge.leader is not None and self.surge.java_pid is not None
+        metrics = self.surge.metrics_url.removeprefix("http://") if surge_answers else None
+        write_atomically(self.surge_targets_file, surge_targets(SURGE, metrics))
 
 
 def ports_taken(replica: Replica) -> list[int]:

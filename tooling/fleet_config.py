@@ -105,24 +105,41 @@ def haproxy_config(
 
 
 def prometheus_config(
-    *, replica_targets: Mapping[str, str], haproxy_target: str, rule_files: Sequence[Path], interval_s: int
+    *,
+    replica_targets: Mapping[str, str],
+    haproxy_target: str,
+    rule_files: Sequence[Path],
+    interval_s: int,
+    surge_targets_file: Path | None = None,
 ) -> str:
-    """Prometheus's configuration: every replica's metrics port (labelled with its replica name) and HAProxy's."""
+    """Prometheus's configuration: every replica's metrics port (labelled with its replica name) and HAProxy's.
+    `surge_targets_file` (see `surge_targets`) adds the surge replica to the replicas' job while a roll runs it."""
     interval = f"{interval_s}s"
+    replicas: dict = {
+        "job_name": REPLICA_JOB,
+        "static_configs": [
+            {"targets": [target], "labels": {"replica": name}} for name, target in replica_targets.items()
+        ],
+    }
+    if surge_targets_file is not None:
+        # Prometheus watches the file and re-reads it at once when it changes (and every interval besides).
+        replicas["file_sd_configs"] = [{"files": [str(surge_targets_file)], "refresh_interval": interval}]
     config = {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
         "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [
-            {
-                "job_name": REPLICA_JOB,
-                "static_configs": [
-                    {"targets": [target], "labels": {"replica": name}} for name, target in replica_targets.items()
-                ],
-            },
+            replicas,
             {"job_name": HAPROXY_JOB, "static_configs": [{"targets": [haproxy_target]}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def surge_targets(name: str, target: str | None) -> list[dict]:
+    """The surge replica's target for Prometheus's file discovery: listed only while its server answers, so
+    the fleet's figures (fleet:bert_requests_per_second…) count what it serves during a roll, and a slot
+    left empty between rolls is no target at all, not a replica down for BertReplicaDown."""
+    return [{"targets": [target], "labels": {"replica": name}}] if target is not None else []
 
 
 def alerting_rules(alert_for: Mapping[str, str]) -> str:

@@ -27,7 +27,8 @@ its replica loaded it: a roll whose files changed since (an archive rebuilt in p
 replica that loaded the target after it changed during the roll is rolled back with the rest. A
 replica that already runs the archive, as loaded, is left as it is, so a roll that was interrupted is
 finished by the same command again.
-One roll at a time (a lock in the fleet's directory).
+One roll at a time (a lock in the fleet's directory, which names the roll's process); `down` stops a
+roll in progress before it stops the fleet (`roll_stopped`).
 `scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
 """
 
@@ -37,21 +38,28 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import psutil
 import requests
 
 from tooling.fleet import Fleet, Replica, file_stamp, ports_taken
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
-from tooling.processes import wait_for
+from tooling.processes import process_record, same_process, wait_for
 
 UP_TIMEOUT_S = 30.0  # HAProxy marks a server UP after two passing checks, one a second
 ALL_UP_WAIT_S = 10.0  # on a loaded host one slow health check shows a replica "UP 1/2" for a moment
+
+
+ROLL_LOCK = "roll.lock"  # in the fleet's directory: held by the roll running, and by `down`
 
 
 @dataclass(frozen=True)
@@ -68,12 +76,56 @@ class Step:
 @contextlib.contextmanager
 def only_roll(fleet_dir: Path) -> Iterator[None]:
     """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation."""
-    with open(fleet_dir / "roll.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FleetError("another roll of this fleet is running: wait for it to end") from None
+    # "a+", not "w": opening must not empty the record of a roll that holds the lock.
+    with open(fleet_dir / ROLL_LOCK, "a+") as lock:
+        if not _locked(lock):
+            raise FleetError("another roll of this fleet is running: wait for it to end")
+        # Who rolls, for `down` (roll_stopped): it stops a roll before it stops the fleet.
+        lock.truncate(0)
+        lock.write(json.dumps(process_record(os.getpid())))
+        lock.flush()
         yield
+
+
+@contextlib.contextmanager
+def roll_stopped(fleet_dir: Path, timeout: float = 30.0) -> Iterator[dict | None]:
+    """Hold the roll lock while the fleet goes down; a roll in progress is stopped first, so that it cannot
+    start a replica, or write the fleet's records again, after `down` stopped everything. The roll's process
+    gets SIGTERM twice, which aborts it as a second Ctrl-C does (scripts/fleet.py: nothing rolled back, what it
+    started recorded for `down`); SIGKILL past two thirds of `timeout`. Yields the stopped roll's record, or
+    None."""
+    if not fleet_dir.is_dir():
+        yield None
+        return
+    with open(fleet_dir / ROLL_LOCK, "a+") as lock:
+        holder: dict | None = None
+        deadline = time.monotonic() + timeout
+        signalled = 0.0
+        while not _locked(lock):
+            lock.seek(0)
+            with contextlib.suppress(ValueError):  # empty, or half written, the moment a roll takes the lock
+                holder = json.loads(lock.read()) or holder
+            now = time.monotonic()
+            if now > deadline:
+                raise FleetError(f"a roll of this fleet ({holder}) did not stop within {timeout:.0f}s: nothing stopped")
+            if holder is not None and int(holder["pid"]) == os.getpid():
+                raise FleetError("this process holds the roll lock: it cannot stop its own roll")
+            process = same_process(holder) if holder is not None else None
+            if process is not None and now - signalled >= 0.5:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(signal.SIGKILL if now > deadline - timeout / 3 else signal.SIGTERM)
+                signalled = now
+            time.sleep(0.05)
+        yield holder
+
+
+def _locked(lock: IO[str]) -> bool:
+    """Take `lock` (flock, exclusive) if no other open file holds it."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def check_current(fleet: Fleet) -> None:

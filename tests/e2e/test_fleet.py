@@ -237,12 +237,12 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 
 
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
-    fleet_archive, unloadable_archive, model_store, tiny_checkpoint, make_archive, tmp_path
+    fleet_archive, unloadable_archive, next_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
     """`scripts/fleet.py up --replicas 2` prints a curl that works; a `roll` onto an archive that cannot load
     exits 1 with the workers' exception once the surge replica fails on it, fails no request, touches no
     replica and stops the surge (roll backs of replicas: tests/unit/test_fleet_roll.py); `down`, another
-    process, stops every pid."""
+    process, run while a roll starts the surge, aborts that roll first and stops every pid."""
     require_system_packages()
     root = tmp_path / "cli"
 
@@ -288,15 +288,32 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
         groups += [record["pid"] for record in records["replicas"]]  # the same ones: the roll restarted none
+
+        # A roll under way as the fleet goes down must not start anything after `down`: `down` stops it first.
+        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", next_archive]
+        rolling = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = [rolling.stdout.readline()]
+        while said[-1] and not said[-1].startswith(f"==> {SURGE}: start on"):
+            said.append(rolling.stdout.readline())
+        assert said[-1], "".join(said)
     finally:
         stopped = fleet_command("down")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    said.append(rolling.stdout.read())
+    assert rolling.wait(timeout=30) == 128 + signal.SIGTERM, "".join(said)
+    assert f"stopped the roll in progress (pid {rolling.pid})" in stopped.stdout, stopped.stdout
+    assert not _running_from(root / "fleet"), "a replica, the surge, HAProxy or Prometheus outlived down"
     ready = next(line for line in started.stdout.splitlines() if line.startswith("Ready:"))
     print(f"\nCLI fleet: {ready}\n{stopped.stdout.strip()}")
     # A zombie has ended; whoever inherited it reaps it in its own time, and down does not wait for that.
     left = [p.pid for p in psutil.process_iter() if (p.pid in pids or _group(p.pid) in groups) and not _zombie(p)]
     assert not left, f"processes left behind by down: {left}"
     assert not (root / "fleet.json").exists()
+
+
+def surge_targets(fleet: Fleet) -> list[dict]:
+    """Prometheus's active targets for the surge slot."""
+    return [t for t in fleet.api("targets")["activeTargets"] if t["labels"].get("replica") == SURGE]
 
 
 def _zombie(process: psutil.Process) -> bool:
@@ -649,6 +666,13 @@ def test_a_roll_moves_every_replica_onto_the_new_archive_and_no_request_fails_or
     assert surge_java is not None and surge_java in surge_found[0], (surge_java, surge_found)
     assert not psutil.pid_exists(surge_java) or _zombie(psutil.Process(surge_java)), "the surge replica still runs"
     assert fleet.servers()[SURGE]["status"] == "MAINT" and read_state(fleet.root)["surge"] is None
+    # Prometheus scraped the surge while it served, so the fleet's figures count its requests; it never saw it
+    # down (it leaves the targets before it stops), and the empty slot is no target after.
+    counted = fleet.query(f'sum(max_over_time(ts_inference_requests_total{{replica="{SURGE}"}}[10m]))')
+    lowest_up = fleet.query(f'min_over_time(up{{job="torchserve",replica="{SURGE}"}}[10m])')
+    assert counted and float(counted[0]["value"][1]) > 0, counted
+    assert [float(row["value"][1]) for row in lowest_up] == [1.0], lowest_up
+    wait_for(lambda: not surge_targets(fleet), 10, "the surge out of Prometheus's targets")
     # Each replica had a request in flight just before its drain (busy_when_drained); a fast one may be done by
     # the drain itself, so at least one, not each, is asserted to have been held.
     assert any(step.in_flight_at_drain for step in steps), "no replica held a request when drained: nothing tested"

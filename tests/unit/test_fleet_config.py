@@ -6,6 +6,7 @@ No process is started: `haproxy -c` and `promtool check config` read the files t
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -19,6 +20,7 @@ from tooling.fleet_config import (
     haproxy_config,
     haproxy_timeout_server,
     prometheus_config,
+    surge_targets,
 )
 
 
@@ -57,12 +59,20 @@ def test_promtool_accepts_the_rendered_prometheus_configuration(tmp_path):
         haproxy_target="127.0.0.1:18001",
         rule_files=[RECORDING_RULES, alerts],
         interval_s=1,
+        surge_targets_file=tmp_path / "surge-targets.json",
     )
     config = tmp_path / "prometheus.yml"
     config.write_text(text)
-    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
-    jobs = {job["job_name"]: job["static_configs"] for job in yaml.safe_load(text)["scrape_configs"]}
-    assert [c["labels"]["replica"] for c in jobs["torchserve"]] == ["r0", "r1"]
+    # promtool reads the discovery file too: the surge listed (a roll runs it) and the slot empty.
+    for target in ("127.0.0.1:18102", None):
+        (tmp_path / "surge-targets.json").write_text(json.dumps(surge_targets("surge", target)))
+        check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {job["job_name"]: job for job in yaml.safe_load(text)["scrape_configs"]}
+    assert [c["labels"]["replica"] for c in jobs["torchserve"]["static_configs"]] == ["r0", "r1"]
+    assert jobs["torchserve"]["file_sd_configs"][0]["files"] == [str(tmp_path / "surge-targets.json")]
+    assert surge_targets("surge", "127.0.0.1:18102") == [
+        {"targets": ["127.0.0.1:18102"], "labels": {"replica": "surge"}}
+    ]
     shortened = {r["alert"]: r["for"] for g in yaml.safe_load(alerts.read_text())["groups"] for r in g["rules"]}
     assert shortened["BertReplicaDown"] == "5s"

@@ -439,3 +439,59 @@ def test_the_command_line_names_a_fleet_it_cannot_reach_instead_of_a_traceback(t
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "gone.sock" in done.stderr and "is the fleet up?" in done.stderr, done.stderr
+
+
+def _stand_in_roll(fleet_dir, handlers: str) -> subprocess.Popen:
+    """A process that holds the roll lock as `scripts.fleet roll` does, with `handlers` for its signals; it says
+    `rolling` once it holds the lock."""
+    code = (
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from tooling.fleet_roll import only_roll\n"
+        f"{handlers}\n"
+        "with only_roll(Path(sys.argv[1])):\n"
+        "    print('rolling', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    rolling = subprocess.Popen(
+        [sys.executable, "-c", code, str(fleet_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert rolling.stdout.readline().strip() == "rolling"
+    return rolling
+
+
+def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_lock_meanwhile(tmp_path):
+    """`down` (roll_stopped) aborts the roll's process through the roll's own signal handlers, then holds the
+    lock: no roll starts while the fleet goes down."""
+    from tooling.fleet_roll import roll_stopped
+
+    rolling = _stand_in_roll(tmp_path, "from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())")
+    try:
+        with pytest.raises(FleetError), only_roll(tmp_path):  # a second roll, refused, leaves the record whole
+            pass
+        with roll_stopped(tmp_path, timeout=30) as holder:
+            assert holder is not None and holder["pid"] == rolling.pid
+            assert rolling.wait(timeout=5) == 128 + 15  # aborted by the second SIGTERM, as `roll` exits then
+            assert "finishing the replica in hand" in rolling.stdout.read()  # the first was heard
+            with pytest.raises(FleetError, match="another roll of this fleet is running"), only_roll(tmp_path):
+                pass
+    finally:
+        rolling.kill()
+        rolling.wait()
+    with roll_stopped(tmp_path) as holder:  # no roll now
+        assert holder is None
+    with roll_stopped(tmp_path / "no-fleet") as holder:  # no fleet: nothing to wait for, nothing created
+        assert holder is None and not (tmp_path / "no-fleet").exists()
+
+
+def test_down_kills_a_roll_that_does_not_stop_when_asked(tmp_path):
+    from tooling.fleet_roll import roll_stopped
+
+    rolling = _stand_in_roll(tmp_path, "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    try:
+        with roll_stopped(tmp_path, timeout=3) as holder:
+            assert holder is not None and holder["pid"] == rolling.pid
+            assert rolling.wait(timeout=5) == -9
+    finally:
+        rolling.kill()
+        rolling.wait()
