@@ -67,6 +67,9 @@ ping_answer() {
 }
 ping_status() { local answer; answer=$(ping_answer); echo "${answer##*$'\n'}"; }
 
+# Unless this checkout's TorchServe already runs, every port it binds must be free: else another program
+# would answer below as if it were this server, or this server would fail to bind.
+.venv/bin/python -m scripts.ports_free || exit 1
 answer=$(ping_answer)
 if [ "${answer##*$'\n'}" = 200 ]; then
   echo "==> TorchServe is already running"

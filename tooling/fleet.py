@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -58,18 +57,19 @@ from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
 from tooling.processes import in_parallel, java_frontend, process_record, same_process, stop_recorded, wait_for
-from tooling.torchserve import TorchServe, all_workers_ready, free_port, new_load_failure
+from tooling.torchserve import (
+    ADDRESS_KEYS,
+    TorchServe,
+    all_workers_ready,
+    free_port,
+    new_load_failure,
+    port_in_use,
+    server_ports,
+)
 
 DEFAULT_ROOT = REPO / "logs"
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
 # The properties that fix a replica's ports: kept across its restarts, since HAProxy and Prometheus know them.
-ADDRESS_KEYS = (
-    "inference_address",
-    "management_address",
-    "metrics_address",
-    "grpc_inference_port",
-    "grpc_management_port",
-)
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
@@ -603,17 +603,7 @@ class Fleet:
 
 def ports_taken(replica: Replica) -> list[int]:
     """`replica`'s ports that something listens on now (a slot's ports are chosen at `up`, not held)."""
-    taken = []
-    for value in replica.addresses.values():
-        port = int(str(value).rsplit(":", 1)[-1])
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As TorchServe binds: a port whose old connections wait in TIME_WAIT is free; a listener is not.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                taken.append(port)
-    return taken
+    return [port for port in server_ports(replica.addresses).values() if port_in_use(port)]
 
 
 def file_stamp(path: Path) -> list[int]:

@@ -121,6 +121,33 @@ def read_properties(path: Path) -> dict[str, str]:
     return properties
 
 
+# Every address a TorchServe binds, as its configuration names them.
+ADDRESS_KEYS = (
+    "inference_address",
+    "management_address",
+    "metrics_address",
+    "grpc_inference_port",
+    "grpc_management_port",
+)
+
+
+def server_ports(properties: Mapping[str, str]) -> dict[str, int]:
+    """{configuration key: port} for each address of ADDRESS_KEYS that `properties` names."""
+    return {key: int(str(properties[key]).rsplit(":", 1)[-1]) for key in ADDRESS_KEYS if key in properties}
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on loopback `port` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As TorchServe binds: a port whose old connections wait in TIME_WAIT is free; a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 # TorchServe 0.12's answer (HTTP 400) to a key that is wrong or has expired: keys last token_expiration_min
 # minutes (60 unless the configuration says otherwise) and only the API key, which never expires, issues new ones.
 KEY_REFUSED = "InvalidKeyException"
