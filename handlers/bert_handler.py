@@ -82,7 +82,7 @@ class BertSequenceClassifierHandler(BaseHandler):
             frames,
         )
 
-    def handle(self, data: list, context) -> list:
+    def handle(self, data: list, context) -> list[bytes]:
         """Answer every request of the batch; the returned list always has len(data) entries."""
         started = time.perf_counter()
         headers = [_request_headers(context, index) for index in range(len(data))]
@@ -101,7 +101,17 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.metrics.handler_time(1000 * (time.perf_counter() - started))
         return bodies
 
-    def _respond(self, context, index: int, answer: Answer) -> str:
+    def _respond(self, context, index: int, answer: Answer) -> bytes:
+        # Encoded here, per item: TorchServe encodes a returned str after handle() returns, outside any guard,
+        # and one that cannot be written (a lone surrogate a client sent, a NaN) would kill the worker and
+        # every request of the batch. Such an answer becomes this item's 500.
+        try:
+            body = to_json(answer.body).encode("utf-8")
+        except ValueError:  # UnicodeEncodeError among them
+            logger.error("answer %d of the batch cannot be written as UTF-8 JSON; it gets 500 instead", index)
+            reason = rejection.internal_error()
+            answer = Answer(reason.status, reason.body(), reason, answer.instance)
+            body = to_json(answer.body).encode("utf-8")
         if answer.rejection is not None:
             reason = answer.rejection
             # The text is never logged: it may be personal data.
@@ -116,7 +126,7 @@ class BertSequenceClassifierHandler(BaseHandler):
             self.metrics.rejected(reason.type)
             context.set_response_status(reason.status, reason.phrase, index)
         context.set_response_content_type(index, JSON)
-        return to_json(answer.body)
+        return body
 
 
 def _request_headers(context, index: int) -> dict[str, Any]:

@@ -178,8 +178,14 @@ def run_forward(
     ends, at the pace of the batch's previous pass, are dropped: returns the predictions, the rejected
     instances, and the groups that ran."""
 
+    pass_ms: list[float] = []  # each call's time, within the group in hand
+
     def run(subset: Sequence[InstanceKey]):
-        return model.forward([encodings[k] for k in subset])
+        started = time.time()
+        try:
+            return model.forward([encodings[k] for k in subset])
+        finally:
+            pass_ms.append(1000 * (time.time() - started))
 
     def describe(subset: Sequence[InstanceKey]) -> str:
         longest = max(encodings[k].length for k in subset)
@@ -194,9 +200,11 @@ def run_forward(
         if not group:
             continue
         ran.append(group)
-        started = time.time()
         rows = run_isolating_faults(run, group, describe)
-        pace_ms = 1000 * (time.time() - started)
+        # One pass's time, the longest the group took: a bisected group's retries added up would refuse the
+        # next group's requests for a failure that was not theirs.
+        pace_ms = max(pass_ms)
+        pass_ms.clear()
         for key, row in rows.items():
             if isinstance(row, Rejection):
                 rejected[key] = row

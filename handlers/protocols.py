@@ -34,6 +34,8 @@ from handlers.rejection import Rejection
 PREDICTIONS = "predictions"
 KSERVE_V1 = "kserve-v1"
 KSERVE_V2 = "kserve-v2"
+# The output tensors a KServe v2 answer can hold (handlers/responses.py writes them), in the order it writes them.
+V2_OUTPUTS = ("label", "score", "probabilities", "truncated")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class ParsedRequest:
     request_id: Any = None  # KServe v2 "id", echoed in the answer
     kserve_route: bool = False  # came on a KServe route: its errors carry the protocols' `error` field too
     text_input: int = 0  # KServe v2: the index of the input named "text" among two (pairs), for naming instances
+    outputs: tuple[str, ...] = V2_OUTPUTS  # KServe v2: the output tensors asked for (all when none are named)
 
     def instance_name(self, position: int) -> str:
         """How the answer names an instance: `instances[2]`, `inputs[0].data[3]`."""
@@ -193,6 +196,17 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         error = rejection.malformed_request("Open Inference Protocol", message)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
 
+    # The protocol's `id` is a string, echoed in the answer: anything else is not echoed, but refused (a lone
+    # surrogate, valid JSON, could not be written back as UTF-8).
+    if request_id is not None and not _unicode_string(request_id):
+        problem = (
+            "'id' is not valid Unicode (a lone surrogate)"
+            if isinstance(request_id, str)
+            else f"'id' must be a string, got {json_type_name(request_id)}"
+        )
+        error = rejection.malformed_request("Open Inference Protocol", problem)
+        return ParsedRequest(KSERVE_V2, error=error)
+
     inputs = document["inputs"]
     if not isinstance(inputs, list) or not inputs:
         return malformed("'inputs' must be a non-empty array")
@@ -217,10 +231,28 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         text_input = names.index(TEXT_FIELD)
         texts, pairs = columns[text_input], columns[1 - text_input]
         data = [TextPair(text, pair) for text, pair in zip(texts, pairs)]
+    outputs = _v2_outputs(document.get("outputs"))
+    if isinstance(outputs, str):
+        return malformed(outputs)
     if len(data) > max_instances:
         error = rejection.too_many_instances(len(data), max_instances)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
-    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id, text_input=text_input)
+    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id, text_input=text_input, outputs=outputs)
+
+
+def _v2_outputs(requested: Any) -> tuple[str, ...] | str:
+    """The output tensors a v2 request asks for (`outputs`, optional: all when absent), or what is wrong."""
+    if requested is None:
+        return V2_OUTPUTS
+    if not isinstance(requested, list) or not requested:
+        return f"'outputs' must be a non-empty array of {{\"name\": ...}}, got {json_type_name(requested)}"
+    names = []
+    for index, tensor in enumerate(requested):
+        name = tensor.get("name") if isinstance(tensor, Mapping) else None
+        if name not in V2_OUTPUTS:
+            return f"outputs[{index}].name must be one of {', '.join(V2_OUTPUTS)}, got {name!r}"
+        names.append(name)
+    return tuple(name for name in V2_OUTPUTS if name in names)
 
 
 def _v2_texts(tensor: Any, index: int) -> list[str] | str:
@@ -236,12 +268,28 @@ def _v2_texts(tensor: Any, index: int) -> list[str] | str:
     data, shape = tensor["data"], tensor["shape"]
     if not isinstance(data, list) or not data:
         return f"{where}.data must be a non-empty array of strings"
+    if any(isinstance(value, list) for value in data):
+        # The protocol lets a tensor's data come nested as its shape, [[t0], [t1]] for [N, 1], or flat.
+        if shape != [len(data), 1] or not all(isinstance(row, list) and len(row) == 1 for row in data):
+            return f"{where}.data nested does not match shape {shape!r} (expected [[text], [text], ...] for [N, 1])"
+        data = [row[0] for row in data]
     if not _shape_holds(shape, len(data)):
         return f"{where}.shape {shape!r} does not match {len(data)} data elements (expected [{len(data)}])"
     for position, value in enumerate(data):
         if not isinstance(value, str):
             return f"{where}.data[{position}] must be a string, got {json_type_name(value)}"
     return data
+
+
+def _unicode_string(value: Any) -> bool:
+    """A str that UTF-8 can hold (no lone surrogate)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _shape_holds(shape: Any, count: int) -> bool:

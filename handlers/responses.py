@@ -46,7 +46,8 @@ class Answer:
 
 
 def to_json(body: Mapping[str, object]) -> str:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON; ValueError for a NaN or an infinity, which JSON cannot hold (a client would fail to read it)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def prediction_body(prediction: Prediction, labels: Sequence[str]) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def _v2_body(
         body["model_version"] = model.version
     if request.request_id is not None:
         body["id"] = request.request_id
-    body["outputs"] = [
+    outputs = [
         {"name": "label", "datatype": "BYTES", "shape": [n], "data": [b["label"] for b in bodies]},
         {"name": "score", "datatype": "FP32", "shape": [n], "data": [b["score"] for b in bodies]},
         {
@@ -109,4 +110,5 @@ def _v2_body(
         # Not in the issue's minimum, but what a v2 client needs to know a text was cut.
         {"name": "truncated", "datatype": "BOOL", "shape": [n], "data": [p.truncated for p in predictions]},
     ]
+    body["outputs"] = [output for output in outputs if output["name"] in request.outputs]  # what it asked for
     return body

@@ -93,6 +93,34 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         "EmptyText",
         "inputs[0].data[1]",
     ),
+    (
+        "v2 id not a string",
+        {"id": 7, **(v2_one := {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["ok"]}]})},
+        400,
+        "MalformedRequest",
+        "'id' must be a string, got number",
+    ),
+    (  # valid JSON ("\ud800" escaped), but no UTF-8 can hold it: echoed, it killed the worker and its batch
+        "v2 id a lone surrogate",
+        {"id": "\ud800", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["ok"]}]},
+        400,
+        "MalformedRequest",
+        "'id' is not valid Unicode",
+    ),
+    (
+        "v2 nested data not matching its shape",
+        {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": [["a"], ["b"]]}]},
+        400,
+        "MalformedRequest",
+        "inputs[0].data nested does not match shape [2]",
+    ),
+    (
+        "v2 an output the model does not have",
+        {**v2_one, "outputs": [{"name": "label"}, {"name": "logits"}]},
+        400,
+        "MalformedRequest",
+        "outputs[1].name must be one of label, score, probabilities, truncated, got 'logits'",
+    ),
     # 64 instances per request is the default max_instances handler option.
     ("v1 too many instances", {"instances": ["x"] * 65}, 413, "TooManyInstances", "limit is 64"),
     (

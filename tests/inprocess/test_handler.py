@@ -213,3 +213,28 @@ def test_forward_failure_is_logged_once_with_the_batch_shape(unpacked_model_dir,
     failures = [r.getMessage() for r in caplog.records if "forward pass failed" in r.getMessage()]
     assert len(failures) == 1
     assert "a group of 4 items" in failures[0] and "POISON" not in caplog.text
+
+
+def test_an_answer_that_cannot_be_written_is_that_items_500_and_torchserve_sends_the_whole_batch(
+    loaded_handler, context, monkeypatch
+):
+    """TorchServe encodes what handle() returns after it returns, outside any guard: one answer holding a
+    string UTF-8 cannot write (a lone surrogate) or a NaN used to kill the worker, and every request of its
+    batch with it. The handler encodes each answer itself; one that cannot be written is that item's 500."""
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    import handlers.bert_handler as module
+    from handlers.pipeline import BatchOutcome
+    from handlers.responses import Answer
+
+    def outcome(data, headers, served, identity) -> BatchOutcome:
+        bodies = [{"label": "ok"}, {"id": "\ud800"}, {"score": float("nan")}, {"label": "fine"}]
+        return BatchOutcome([Answer(200, body) for body in bodies])
+
+    monkeypatch.setattr(module, "answer_batch", outcome)
+    data = set_batch(context, [(b"a", TEXT)] * 4)
+    out = loaded_handler.handle(data, context)
+    assert statuses(context, 4) == [200, 500, 500, 200]
+    assert [json.loads(body).get("type") for body in out] == [None, "InternalError", "InternalError", None]
+    request_ids = {index: f"request-{index}" for index in range(4)}
+    assert create_predict_response(out, request_ids, "Prediction success", 200, context)  # raised before

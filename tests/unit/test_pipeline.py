@@ -290,6 +290,23 @@ def test_a_request_the_batchs_pace_would_answer_after_its_deadline_is_dropped_be
     assert computed == {3, 5} and outcome.real_tokens == 3 + 5  # the longest (6 tokens) never ran
 
 
+def test_the_pace_after_a_bisected_group_is_one_pass_not_the_retries_added_up(monkeypatch):
+    """A poisoned item in the first group costs several passes; the next group's request, whose deadline leaves
+    room for one pass, is still served: the bisection's retries are not its pace."""
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    model, _ = make_model(max_batch_tokens=12)
+    model = replace(model, forward=TickingForward(model.tokenizer, clock, tick=100.0))
+    forward = model.forward
+    start = clock[0]
+    in_time_for_one_pass = with_deadline("one two three four", start + 650)
+    outcome = run(model, text("a"), text("b"), text(POISON), text("c"), in_time_for_one_pass)
+    first_group = [len(p) for p in forward.passes[:-1]]
+    assert first_group[0] == 4 and len(first_group) > 2, forward.passes  # bisected: the next starts at +500 s or later
+    assert [a.status for a in outcome.answers] == [200, 200, 500, 200, 200]
+    assert clock[0] - start <= 650  # and it did end in time
+
+
 def test_a_request_already_past_its_deadline_is_refused_before_its_body_is_read():
     """The refusal comes before decoding: a late request whose body would be refused (not UTF-8, or empty) gets
     DeadlineExceeded, not the decoding or validation error the per-pass check would leave it with."""

@@ -8,7 +8,7 @@ from handlers.decoding import Document
 from handlers.instances import TextPair
 from handlers.options import HandlerOptions
 from handlers.pipeline import regroup, validate
-from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, parse_request
+from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, V2_OUTPUTS, parse_request
 from handlers.rejection import Rejection
 from handlers.responses import ModelIdentity, Prediction, success_answer
 from tests.kserve_cases import MALFORMED, v1, v2
@@ -41,6 +41,9 @@ def test_v2_texts_and_id():
     assert (request.protocol, request.instances, request.request_id) == (KSERVE_V2, ("a", "b"), "abc")
     column = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "b"]}]}
     assert parse_request(Document(column), LIMIT).instances == ("a", "b")
+    # The protocol's nested form of the same tensor: data as its shape.
+    nested = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a"], ["b"]]}]}
+    assert parse_request(Document(nested), LIMIT).instances == ("a", "b")
 
 
 def test_pairs_in_every_format_in_order():
@@ -91,6 +94,15 @@ def test_v2_answer_is_an_open_inference_protocol_response():
     assert outputs["truncated"]["data"] == [False, True]
     unversioned = success_answer(parse_request(Document(v2("a")), LIMIT), results[:1], LABELS, ModelIdentity("bert"))
     assert "id" not in unversioned.body and "model_version" not in unversioned.body
+    assert [o["name"] for o in body["outputs"]] == list(V2_OUTPUTS)  # none asked for: every one
+
+
+def test_a_v2_request_naming_outputs_gets_those_alone():
+    asked = {**v2("a", "b"), "outputs": [{"name": "score"}, {"name": "label", "parameters": {"binary_data": False}}]}
+    request = parse_request(Document(asked), LIMIT)
+    results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
+    body = success_answer(request, results, LABELS, ModelIdentity("bert")).body
+    assert [o["name"] for o in body["outputs"]] == ["label", "score"]
 
 
 def test_a_failed_instance_names_itself_and_fails_only_its_request():
