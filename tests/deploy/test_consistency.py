@@ -325,6 +325,19 @@ def test_the_autoscaler_scales_on_rates_the_adapter_serves_from_the_recording_ru
     )
 
 
+def test_the_adapter_values_name_the_autoscaler_file_they_feed():
+    """The values file's header names the HPA manifest whose metrics it serves: that file exists (the path is
+    what a reader opens) and scales on those metrics."""
+    text = (KUBERNETES / "prometheus-adapter" / "values.yaml").read_text()
+    [cited] = re.findall(r"[\w./-]*horizontalpodautoscaler\.yaml", text)  # a path from the repository root
+    assert (REPO / cited).is_file(), f"values.yaml names {cited}, which does not exist"
+    [hpa] = documents(REPO / cited)
+    assert hpa["kind"] == "HorizontalPodAutoscaler"
+    adapter = yaml.safe_load(text)
+    served = {rule["name"]["as"] for rule in adapter["rules"]["custom"]}
+    assert {metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"]} <= served
+
+
 def _recording_rules() -> set[str]:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())
     return {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}

@@ -1,6 +1,6 @@
-"""Metrics reach Prometheus in every setup, the autoscaling figures come from measurements, and the pods
-meet Pod Security "restricted": annotation-based scraping, the Prometheus Operator component, KServe
-Serverless and RawDeployment.
+"""Metrics reach Prometheus in every setup, the autoscaling figures come from measurements, and the containers
+committed here meet Pod Security "restricted": annotation-based scraping, the Prometheus Operator component,
+KServe Serverless and RawDeployment.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import yaml
 
 from tests.deploy.manifests import (
     DEPLOY,
+    KSERVE,
     KSERVE_MODES,
     KUBERNETES,
     OVERLAYS,
@@ -41,6 +42,13 @@ ENABLE_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
 QUEUE_PROXY_AGGREGATE_PORT = "9088"  # constants.QueueProxyAggregatePrometheusMetricsPort
 QUEUE_PROXY_METRICS_PORT = "9091"  # constants.DefaultPodPrometheusPort
 WEBHOOK_DEFAULTS = {"enableMetricAggregation": "false", "enablePrometheusScraping": "false"}  # the ConfigMap's
+# Only KServe's qpext image of queue-proxy listens on 9088 (kserve v0.14.0 qpext/README.md, "How to use"); Knative's
+# stock queue-proxy does not, so aggregation needs it as Knative's queue-proxy image, set once per cluster.
+KSERVE_RELEASE = "v0.15.2"  # the release whose webhook kserve_webhook() replays
+QPEXT_PATCH = (
+    "kubectl patch configmap config-deployment -n knative-serving --type merge"
+    f""" -p '{{"data":{{"queue-sidecar-image":"kserve/qpext:{KSERVE_RELEASE}"}}}}'"""
+)
 
 
 def kserve_webhook(annotations: dict[str, str], queue_proxy: bool) -> tuple[dict[str, str], str | None]:
@@ -88,6 +96,31 @@ def test_kserve_pods_expose_torchserves_metrics_to_prometheus(mode):
     assert not torchserve_metrics_reached(broken, queue_proxy(mode))
 
 
+def test_the_serverless_metrics_prerequisite_is_stated_where_it_is_applied():
+    """Every mode whose pods Prometheus scrapes on queue-proxy's 9088 states the qpext prerequisite with the
+    command that meets it; the docs give the same command."""
+    aggregated = [
+        mode
+        for mode in KSERVE_MODES
+        if kserve_webhook(pod_annotations(mode), queue_proxy(mode))[0].get("prometheus.io/port")
+        == QUEUE_PROXY_AGGREGATE_PORT
+    ]
+    assert aggregated == [mode for mode in KSERVE_MODES if queue_proxy(mode)]  # Serverless, CPU and GPU
+    isvc_comments = _comments(KSERVE / "serverless" / "inferenceservice.yaml")
+    assert QPEXT_PATCH in isvc_comments
+    for mode in aggregated:
+        # The GPU variant reuses ../serverless's InferenceService and points at its comment.
+        own = "\n".join(_comments(path) for path in sorted((KSERVE / mode).glob("*.yaml")))
+        assert "queue-sidecar-image" in own, f"deploy/kserve/{mode} does not state the qpext prerequisite"
+    for doc in ("autoscaling.md", "kubernetes.md"):
+        assert QPEXT_PATCH in (DEPLOY.parent / "docs" / doc).read_text(), doc
+
+
+def _comments(path: Path) -> str:
+    """The text of a YAML file's comments, one line each, without their `#`."""
+    return "\n".join(line.strip()[1:].strip() for line in path.read_text().splitlines() if line.strip().startswith("#"))
+
+
 @pytest.mark.parametrize(("mode", "overlay"), [("raw-deployment", "cpu"), ("raw-deployment-gpu", "gpu")])
 def test_kserve_raw_deployment_scales_with_the_projects_autoscaler(mode, overlay):
     docs = render_kserve(mode)
@@ -111,6 +144,18 @@ def test_kserve_raw_deployment_scales_with_the_projects_autoscaler(mode, overlay
     [at_max] = [r for g in ALERTS["groups"] for r in g["rules"] if r.get("alert") == "BertAutoscalerAtMax"]
     assert hpa["metadata"]["name"] in at_max["expr"]
     assert one(render(overlay), "HorizontalPodAutoscaler")["metadata"]["name"] in at_max["expr"]
+
+
+@pytest.mark.parametrize("mode", KSERVE_MODES)
+def test_no_kserve_hpa_takes_the_name_kserves_reconciler_manages(mode):
+    """In RawDeployment KServe runs its HPA reconciler even with autoscalerClass external (kserve v0.14.0
+    reconcilers/autoscaler/autoscaler_reconciler.go: AutoscalerClassExternal -> hpa.NewHPAReconciler), and
+    it manages the HPA named <isvc>-predictor (reconcilers/hpa/hpa_reconciler.go: v0.14.0 deletes it,
+    later releases overwrite one it does not own with KServe's CPU HPA). Ours must have another name."""
+    docs = render_kserve(mode)
+    reserved = f"{one(docs, 'InferenceService')['metadata']['name']}-predictor"
+    names = [hpa["metadata"]["name"] for hpa in by_kind(docs, "HorizontalPodAutoscaler")]
+    assert reserved not in names, f"{mode}: an HPA named {reserved} would be deleted or overwritten by KServe"
 
 
 def _benchmark_peak_clients() -> int:
@@ -220,6 +265,16 @@ def test_every_pod_meets_pod_security_restricted():
         pod = one(docs, "InferenceService")["spec"]["predictor"].get("securityContext", {})
         for container in one(docs, "ServingRuntime")["spec"]["containers"]:
             _restricted(pod, container["securityContext"])
+
+
+@pytest.mark.parametrize("mode", KSERVE_MODES)
+def test_no_kserve_kustomization_enforces_restricted_on_its_namespace(mode):
+    """KServe's webhook adds a storage-initializer init container without a securityContext (kserve v0.14.0
+    pkg/webhook/admission/pod/storage_initializer_injector.go): a namespace enforcing "restricted" would
+    reject every predictor pod, however compliant the containers committed here are."""
+    for namespace in by_kind(render_kserve(mode), "Namespace"):
+        labels = namespace["metadata"].get("labels", {})
+        assert labels.get("pod-security.kubernetes.io/enforce") != "restricted", namespace["metadata"]["name"]
 
 
 def test_replicas_spread_over_nodes():
