@@ -24,6 +24,9 @@ from handlers.decoding import request_header
 from handlers.rejection import Rejection
 
 DEADLINE_HEADER = "X-Request-Deadline"
+# 10^12 ms is September 2001: any real deadline is later, and a Unix time in seconds (about 1.7e9), the
+# likeliest mistake, is far below. Read as ms it would be 1970, and every such request refused as late.
+EARLIEST_MS = 1e12
 
 
 def read_deadline(headers: Mapping[str, Any] | None) -> float | Rejection | None:
@@ -35,7 +38,7 @@ def read_deadline(headers: Mapping[str, Any] | None) -> float | Rejection | None
         deadline_ms = float(value.strip())
     except ValueError:
         return rejection.invalid_deadline(DEADLINE_HEADER)
-    if not math.isfinite(deadline_ms) or deadline_ms < 0:
+    if not math.isfinite(deadline_ms) or deadline_ms < EARLIEST_MS:
         return rejection.invalid_deadline(DEADLINE_HEADER)
     return deadline_ms
 

@@ -99,7 +99,7 @@ def deadline_exceeded(header: str, late_ms: float) -> Rejection:
 
 
 def invalid_deadline(header: str) -> Rejection:
-    return Rejection(400, "InvalidDeadline", f"{header} must be a Unix time in milliseconds")
+    return Rejection(400, "InvalidDeadline", f"{header} must be a Unix time in milliseconds (13 digits, not seconds)")
 
 
 # ---- how the text was sent (handlers/decoding.py) -------------------------------------------------
