@@ -23,7 +23,7 @@ from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
-from handlers.responses import Answer, ModelIdentity, to_json
+from handlers.responses import Answer, ModelIdentity, rejection_answer, to_json
 from handlers.tokenization import encode
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class BertSequenceClassifierHandler(BaseHandler):
             # The pipeline answers what it can itself; this is the net under the pipeline's own code.
             logger.exception("answer_batch raised on a batch of %d requests; every request gets 500", len(data))
             reason = rejection.internal_error()
-            outcome = BatchOutcome([Answer(reason.status, reason.body(), reason)] * len(data))
+            outcome = BatchOutcome([rejection_answer(reason)] * len(data))
         bodies = [self._respond(context, index, answer) for index, answer in enumerate(outcome.answers)]
         self.metrics.batch(len(data), outcome.forward_passes, outcome.real_tokens, outcome.padded_tokens)
         for stage, milliseconds in outcome.stage_ms.items():
@@ -108,9 +108,13 @@ class BertSequenceClassifierHandler(BaseHandler):
         try:
             body = to_json(answer.body).encode("utf-8")
         except ValueError:  # UnicodeEncodeError among them
-            logger.error("answer %d of the batch cannot be written as UTF-8 JSON; it gets 500 instead", index)
-            reason = rejection.internal_error()
-            answer = Answer(reason.status, reason.body(), reason, answer.instance)
+            logger.error(
+                "answer %d of the batch (status %d%s) cannot be written as UTF-8 JSON; it gets 500 instead",
+                index,
+                answer.status,
+                f", {answer.rejection.type}" if answer.rejection else "",
+            )
+            answer = rejection_answer(rejection.internal_error(), answer.instance, answer.kserve)
             body = to_json(answer.body).encode("utf-8")
         if answer.rejection is not None:
             reason = answer.rejection

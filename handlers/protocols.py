@@ -242,16 +242,17 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
 
 def _v2_outputs(requested: Any) -> tuple[str, ...] | str:
     """The output tensors a v2 request asks for (`outputs`, optional: all when absent), or what is wrong."""
-    if requested is None:
+    if requested is None or requested == []:  # none named: every one, as Triton answers
         return V2_OUTPUTS
-    if not isinstance(requested, list) or not requested:
-        return f"'outputs' must be a non-empty array of {{\"name\": ...}}, got {json_type_name(requested)}"
+    if not isinstance(requested, list):
+        return f"'outputs' must be an array of {{\"name\": ...}}, got {json_type_name(requested)}"
     names = []
     for index, tensor in enumerate(requested):
-        name = tensor.get("name") if isinstance(tensor, Mapping) else None
-        if name not in V2_OUTPUTS:
-            return f"outputs[{index}].name must be one of {', '.join(V2_OUTPUTS)}, got {name!r}"
-        names.append(name)
+        if not isinstance(tensor, Mapping):
+            return f"outputs[{index}] must be an object with a 'name', got {json_type_name(tensor)}"
+        if tensor.get("name") not in V2_OUTPUTS:
+            return f"outputs[{index}].name must be one of {', '.join(V2_OUTPUTS)}, got {tensor.get('name')!r}"
+        names.append(tensor["name"])
     return tuple(name for name in V2_OUTPUTS if name in names)
 
 

@@ -43,6 +43,16 @@ class Answer:
     body: dict[str, Any]
     rejection: Rejection | None = None  # set when status is an error
     instance: str = ""  # which instance the error names, for the log line
+    kserve: bool = False  # a KServe request's (or one on a KServe route): its errors carry the `error` field
+
+
+def rejection_answer(reason: Rejection, instance: str = "", kserve: bool = False) -> Answer:
+    """The error answer for `reason`; a KServe request's also carries the message as `error`, the error shape of
+    both protocols, which their clients read (tritonclient raises with it)."""
+    body = reason.body()
+    if kserve:
+        body["error"] = reason.message
+    return Answer(reason.status, body, reason, instance, kserve)
 
 
 def to_json(body: Mapping[str, object]) -> str:
@@ -65,16 +75,13 @@ def prediction_body(prediction: Prediction, labels: Sequence[str]) -> dict[str, 
 def error_answer(request: ParsedRequest, position: int | None, reason: Rejection) -> Answer:
     """The error answer to a request, naming the instance at `position` where the format has names.
 
-    A KServe request's error (v1 or v2, or a body on a KServe route too broken to tell) also carries the
-    message as `error`, the error shape of both protocols, which their clients read (tritonclient raises with
-    it); the other fields are TorchServe's, as for every other error."""
+    A KServe request's error (v1 or v2, or a body on a KServe route too broken to tell) carries the `error`
+    field (rejection_answer); the other fields are TorchServe's, as for every other error."""
     name = request.instance_name(position) if position is not None else ""
     if name:
         reason = replace(reason, message=f"{name}: {reason.message}")
-    body = reason.body()
-    if request.kserve_route or request.protocol in (KSERVE_V1, KSERVE_V2):
-        body["error"] = reason.message
-    return Answer(reason.status, body, reason, name)
+    kserve = request.kserve_route or request.protocol in (KSERVE_V1, KSERVE_V2)
+    return rejection_answer(reason, name, kserve)
 
 
 def success_answer(
@@ -82,10 +89,10 @@ def success_answer(
 ) -> Answer:
     """The 200 answer to a request, given a prediction for each of its instances (in order)."""
     if request.protocol == KSERVE_V1:
-        return Answer(200, {"predictions": [prediction_body(p, labels) for p in predictions]})
+        return Answer(200, {"predictions": [prediction_body(p, labels) for p in predictions]}, kserve=True)
     if request.protocol == KSERVE_V2:
-        return Answer(200, _v2_body(request, predictions, labels, model))
-    return Answer(200, prediction_body(predictions[0], labels))
+        return Answer(200, _v2_body(request, predictions, labels, model), kserve=True)
+    return Answer(200, prediction_body(predictions[0], labels), kserve=request.kserve_route)
 
 
 def _v2_body(

@@ -69,7 +69,6 @@ from tooling.torchserve import (
 
 DEFAULT_ROOT = REPO / "logs"
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
-# The properties that fix a replica's ports: kept across its restarts, since HAProxy and Prometheus know them.
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")

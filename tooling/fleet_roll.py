@@ -53,7 +53,7 @@ import requests
 from tooling.fleet import Fleet, Replica, file_stamp, ports_taken
 from tooling.fleet_config import FleetError
 from tooling.model_archive import NotAnArchive
-from tooling.processes import process_record, same_process, wait_for
+from tooling.processes import has_ended, process_record, same_process, wait_for
 
 UP_TIMEOUT_S = 30.0  # HAProxy marks a server UP after two passing checks, one a second
 ALL_UP_WAIT_S = 10.0  # on a loaded host one slow health check shows a replica "UP 1/2" for a moment
@@ -92,29 +92,40 @@ def roll_stopped(fleet_dir: Path, timeout: float = 30.0) -> Iterator[dict | None
     """Hold the roll lock while the fleet goes down; a roll in progress is stopped first, so that it cannot
     start a replica, or write the fleet's records again, after `down` stopped everything. The roll's process
     gets SIGTERM twice, which aborts it as a second Ctrl-C does (scripts/fleet.py: nothing rolled back, what it
-    started recorded for `down`); SIGKILL past two thirds of `timeout`. Yields the stopped roll's record, or
-    None."""
+    started recorded for `down`); SIGKILL past two thirds of `timeout`. The process must have ended, not only
+    let the lock go: a restart thread of its own could still start a replica while it unwinds. Yields the
+    stopped roll's record, or None."""
     if not fleet_dir.is_dir():
         yield None
         return
     with open(fleet_dir / ROLL_LOCK, "a+") as lock:
         holder: dict | None = None
         deadline = time.monotonic() + timeout
+        sent = 0  # SIGTERMs: a third would interrupt the abort's own unwinding (what it says of where it stood)
         signalled = 0.0
-        while not _locked(lock):
-            lock.seek(0)
-            with contextlib.suppress(ValueError):  # empty, or half written, the moment a roll takes the lock
-                holder = json.loads(lock.read()) or holder
+
+        def holder_running() -> psutil.Process | None:
+            process = same_process(holder) if holder is not None else None
+            return process if process is not None and not has_ended(process) else None
+
+        while not _locked(lock) or holder_running() is not None:
+            if holder is None:
+                lock.seek(0)
+                with contextlib.suppress(ValueError):  # empty, or half written, the moment a roll takes the lock
+                    holder = json.loads(lock.read()) or None
             now = time.monotonic()
             if now > deadline:
                 raise FleetError(f"a roll of this fleet ({holder}) did not stop within {timeout:.0f}s: nothing stopped")
             if holder is not None and int(holder["pid"]) == os.getpid():
                 raise FleetError("this process holds the roll lock: it cannot stop its own roll")
-            process = same_process(holder) if holder is not None else None
+            process = holder_running()
             if process is not None and now - signalled >= 0.5:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.send_signal(signal.SIGKILL if now > deadline - timeout / 3 else signal.SIGTERM)
-                signalled = now
+                kill = now > deadline - timeout / 3
+                if kill or sent < 2:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                    sent += 1
+                    signalled = now
             time.sleep(0.05)
         yield holder
 

@@ -71,18 +71,19 @@ def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: f
             os.killpg(pid, signal.SIGKILL)
 
 
+def has_ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie: its parent (another process, when a fleet is operated from two) reaps it when it will,
+    and waiting for that would be in vain."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
 def wait_ended(processes: Sequence[psutil.Process], timeout: float) -> bool:
-    """Wait until every process has ended; whether they all did. A zombie has ended: its parent (another
-    process, when a fleet is operated from two) reaps it when it will, and waiting for that would be in vain."""
-
-    def running(process: psutil.Process) -> bool:
-        try:
-            return process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
+    """Wait until every process has ended (has_ended); whether they all did."""
     deadline = time.monotonic() + timeout
-    while any(running(process) for process in processes):
+    while not all(has_ended(process) for process in processes):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

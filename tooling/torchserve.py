@@ -121,7 +121,8 @@ def read_properties(path: Path) -> dict[str, str]:
     return properties
 
 
-# Every address a TorchServe binds, as its configuration names them.
+# Every address a TorchServe binds, as its configuration names them; a fleet replica keeps them across its
+# restarts, since HAProxy and Prometheus know them.
 ADDRESS_KEYS = (
     "inference_address",
     "management_address",
@@ -132,8 +133,13 @@ ADDRESS_KEYS = (
 
 
 def server_ports(properties: Mapping[str, str]) -> dict[str, int]:
-    """{configuration key: port} for each address of ADDRESS_KEYS that `properties` names."""
-    return {key: int(str(properties[key]).rsplit(":", 1)[-1]) for key in ADDRESS_KEYS if key in properties}
+    """{configuration key: port} for each address of ADDRESS_KEYS that `properties` names with a port."""
+    ports = {}
+    for key in ADDRESS_KEYS:
+        port = str(properties.get(key, "")).rsplit(":", 1)[-1]
+        if port.isdigit():
+            ports[key] = int(port)
+    return ports
 
 
 def port_in_use(port: int) -> bool:

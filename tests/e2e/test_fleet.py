@@ -298,9 +298,13 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert said[-1], "".join(said)
     finally:
         stopped = fleet_command("down")
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    said.append(rolling.stdout.read())
-    assert rolling.wait(timeout=30) == 128 + signal.SIGTERM, "".join(said)
+    try:
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        said.append(rolling.stdout.read())
+        assert rolling.wait(timeout=30) == 128 + signal.SIGTERM, "".join(said)
+    finally:
+        rolling.kill()  # what this test started, if down did not stop it
+        rolling.wait()
     assert f"stopped the roll in progress (pid {rolling.pid})" in stopped.stdout, stopped.stdout
     assert not _running_from(root / "fleet"), "a replica, the surge, HAProxy or Prometheus outlived down"
     ready = next(line for line in started.stdout.splitlines() if line.startswith("Ready:"))

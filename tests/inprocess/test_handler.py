@@ -228,13 +228,15 @@ def test_an_answer_that_cannot_be_written_is_that_items_500_and_torchserve_sends
     from handlers.responses import Answer
 
     def outcome(data, headers, served, identity) -> BatchOutcome:
-        bodies = [{"label": "ok"}, {"id": "\ud800"}, {"score": float("nan")}, {"label": "fine"}]
-        return BatchOutcome([Answer(200, body) for body in bodies])
+        bodies = [{"label": "ok"}, {"id": "\ud800"}, {"outputs": [{"data": [float("nan")]}]}, {"label": "fine"}]
+        return BatchOutcome([Answer(200, body, kserve=index == 2) for index, body in enumerate(bodies)])
 
     monkeypatch.setattr(module, "answer_batch", outcome)
     data = set_batch(context, [(b"a", TEXT)] * 4)
     out = loaded_handler.handle(data, context)
     assert statuses(context, 4) == [200, 500, 500, 200]
-    assert [json.loads(body).get("type") for body in out] == [None, "InternalError", "InternalError", None]
+    answers = [json.loads(body) for body in out]
+    assert [answer.get("type") for answer in answers] == [None, "InternalError", "InternalError", None]
+    assert "error" not in answers[1] and answers[2]["error"] == answers[2]["message"]  # a KServe answer's shape
     request_ids = {index: f"request-{index}" for index in range(4)}
     assert create_predict_response(out, request_ids, "Prediction success", 200, context)  # raised before

@@ -464,12 +464,18 @@ def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_
     """`down` (roll_stopped) aborts the roll's process through the roll's own signal handlers, then holds the
     lock: no roll starts while the fleet goes down."""
     from tooling.fleet_roll import roll_stopped
+    from tooling.processes import has_ended
 
-    rolling = _stand_in_roll(tmp_path, "from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())")
+    # It goes on for a while after it lets the lock go, as a roll's restart thread can: down waits for its end.
+    lingers = "import atexit\natexit.register(time.sleep, 1.5)"
+    rolling = _stand_in_roll(
+        tmp_path, f"from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())\n{lingers}"
+    )
     try:
         with pytest.raises(FleetError), only_roll(tmp_path):  # a second roll, refused, leaves the record whole
             pass
         with roll_stopped(tmp_path, timeout=30) as holder:
+            assert has_ended(psutil.Process(rolling.pid)), "down went on while the roll's process still ran"
             assert holder is not None and holder["pid"] == rolling.pid
             assert rolling.wait(timeout=5) == 128 + 15  # aborted by the second SIGTERM, as `roll` exits then
             assert "finishing the replica in hand" in rolling.stdout.read()  # the first was heard

@@ -103,6 +103,7 @@ def test_a_v2_request_naming_outputs_gets_those_alone():
     results = [Prediction([0.9, 0.1], False), Prediction([0.2, 0.8], True)]
     body = success_answer(request, results, LABELS, ModelIdentity("bert")).body
     assert [o["name"] for o in body["outputs"]] == ["label", "score"]
+    assert parse_request(Document({**v2("a"), "outputs": []}), LIMIT).outputs == V2_OUTPUTS  # none named: all
 
 
 def test_a_failed_instance_names_itself_and_fails_only_its_request():
