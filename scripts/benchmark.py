@@ -55,7 +55,7 @@ from tooling.bench.targets import evaluate_targets
 from tooling.paths import MODEL_CONFIG, REPO
 
 # Quick: the one-at-a-time baseline for PyTorch only (the targets' reference); every backend batched.
-QUICK = {"concurrency": [1, 16], "delays": [2], "duration": 1.0, "texts": 48, "one_at_a_time_backends": ["pytorch"]}
+QUICK = {"concurrency": [1, 16], "delays": [2], "duration": 0.6, "texts": 48, "one_at_a_time_backends": ["pytorch"]}
 
 
 def int_list(value: str) -> list[int]:

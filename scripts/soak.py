@@ -1,7 +1,7 @@
 """Soak: steady mixed traffic against a private TorchServe; reports failures and worker memory.
 
     python -m scripts.soak --minutes 30            # the full soak (not part of CI)
-    python -m scripts.soak --short                 # ~35 s, run by the test suite
+    python -m scripts.soak --short                 # ~25 s, run by the test suite
     python -m scripts.soak --minutes 60 --load 0.8 --checkpoint build/demo-model   # the issue-19 soak
 
 --load L sends the same mix open-loop (Poisson arrivals) at L x the saturation measured first
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--short", action="store_true", help="10 s of traffic after a 5 s warm-up, then assert")
+    parser.add_argument("--short", action="store_true", help="6 s of traffic after a 3 s warm-up, then assert")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny random BERT)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     build_archive(checkpoint, name="soak", export_path=store)
     # --short checks the soak itself end to end (the suite runs it); the hour is the measurement.
     # Short enough for CI's 15 minutes, long enough for readings after the warm-up.
-    seconds = 10.0 if args.short else args.minutes * 60
+    seconds = 6.0 if args.short else args.minutes * 60
     # The server's keys expire after token_expiration_min (60 by default, docs/configuration.md) and the
     # soak reads them once: a run of an hour or more was refused at its 60th minute. Its private server's
     # keys outlive the run instead.
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if response.status_code != 200:
             print(response.text)
             return 1
-        drive(server, "soak", 5.0 if args.short else 10.0, args.clients, seed=1)  # warm-up: allocator pools, caches
+        drive(server, "soak", 3.0 if args.short else 10.0, args.clients, seed=1)  # warm-up: allocator pools, caches
         rate = 0.0
         if args.load:
             saturation = stable_saturation(server)
