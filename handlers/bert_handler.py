@@ -17,6 +17,7 @@ from typing import Any
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
+from handlers.deadline import PassPace
 from handlers.fault_isolation import is_out_of_memory
 from handlers.frame_reader import install_buffered_frame_reader
 from handlers.handler_metrics import HandlerMetrics
@@ -39,6 +40,9 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.model_name = "model"
         self.identity = ModelIdentity(self.model_name)
         self.metrics = HandlerMetrics(None, "")
+        # How long this worker's forward passes take: the deadline check's estimate of when a batch's answers
+        # leave, which the batch before must tell it (handlers/deadline.py). The only figure kept across batches.
+        self.pace = PassPace()
 
     def initialize(self, context) -> None:
         # Ask TorchServe's worker to hand over request bodies as the bytes the client
@@ -87,7 +91,7 @@ class BertSequenceClassifierHandler(BaseHandler):
         started = time.perf_counter()
         headers = [_request_headers(context, index) for index in range(len(data))]
         try:
-            outcome = answer_batch(data, headers, self.served, self.identity)
+            outcome = answer_batch(data, headers, self.served, self.identity, self.pace)
         except Exception:
             # The pipeline answers what it can itself; this is the net under the pipeline's own code.
             logger.exception("answer_batch raised on a batch of %d requests; every request gets 500", len(data))

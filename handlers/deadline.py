@@ -6,8 +6,13 @@ queue. The deadline therefore travels with the request: header X-Request-Deadlin
 in milliseconds after which the answer is of no use. A client sets it to its send time plus its
 own timeout; the proxy in front of the replicas can set it to the arrival time plus the latency
 budget (docs/reliability.md, "Overload"). Checked once per batch before a request's body is even
-decoded, and again before each forward pass (a batch may take several, handlers/batching.py),
-allowing for the pass the time the batch's previous one took: a request that would be answered after
+decoded, and again before each forward pass (a batch may take several, handlers/batching.py).
+
+Every answer of a batch leaves when its last pass ends: TorchServe sends them in one message once
+handle() returns. So before each pass the check asks whether the request would be answered in time
+by the batch, not by its own pass: at the worker's pace (PassPace, measured over the passes it has
+run), with the passes still to come. When not every request can be, the passes that answer the most
+instances in time run (in_time), and the others are refused: a request that would be answered after
 its deadline gets 503 DeadlineExceeded and costs no decoding, tokenization or forward pass, or none
 after the check it failed. A request without the header has no deadline. The sender's clock
 and this host's must agree (NTP keeps them within milliseconds; the budget is hundreds).
@@ -15,9 +20,9 @@ and this host's must agree (NTP keeps them within milliseconds; the budget is hu
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
+import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.decoding import request_header
@@ -27,6 +32,10 @@ DEADLINE_HEADER = "X-Request-Deadline"
 # 10^12 ms is September 2001: any real deadline is later, and a Unix time in seconds (about 1.7e9), the
 # likeliest mistake, is far below. Read as ms it would be 1970, and every such request refused as late.
 EARLIEST_MS = 1e12
+# Digits, a fraction at most: what a proxy that caps the deadline reads as the same number. HAProxy's
+# integer conversion reads "1e15" as 1, so a cap on the budget would let that deadline past it.
+MILLISECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+K = TypeVar("K", bound=Hashable)
 
 
 def read_deadline(headers: Mapping[str, Any] | None) -> float | Rejection | None:
@@ -34,13 +43,10 @@ def read_deadline(headers: Mapping[str, Any] | None) -> float | Rejection | None
     value = request_header(headers, DEADLINE_HEADER)
     if value is None:
         return None
-    try:
-        deadline_ms = float(value.strip())
-    except ValueError:
+    value = value.strip()
+    if not MILLISECONDS.fullmatch(value) or float(value) < EARLIEST_MS:
         return rejection.invalid_deadline(DEADLINE_HEADER)
-    if not math.isfinite(deadline_ms) or deadline_ms < EARLIEST_MS:
-        return rejection.invalid_deadline(DEADLINE_HEADER)
-    return deadline_ms
+    return float(value)
 
 
 def late(deadline_ms: float, now_ms: float) -> Rejection | None:
@@ -58,3 +64,47 @@ def refusal(deadline: float | Rejection | None, now_ms: float) -> Rejection | No
 def past_deadline(headers: Mapping[str, Any] | None, now_ms: float) -> Rejection | None:
     """Why the request must not be computed at `now_ms` (Unix ms): its deadline passed, or it is unreadable."""
     return refusal(read_deadline(headers), now_ms)
+
+
+class PassPace:
+    """How long one forward pass of this worker takes: a moving average over the passes it has run.
+
+    The check before a batch's first pass needs it, when the batch itself has measured nothing. It is
+    the worker's one running figure, like its metrics: no batch leaves anything else behind. Zero
+    before the first pass: a new worker refuses only what is already late."""
+
+    WEIGHT = 0.3  # of the newest pass: a slow first pass (a cold start) fades within a few batches
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def observe(self, ms: float) -> None:
+        self.ms = ms if self.ms == 0.0 else self.ms + self.WEIGHT * (ms - self.ms)
+
+
+def in_time(
+    passes: Sequence[Sequence[K]], deadline_of: Callable[[K], float | None], now_ms: float, pace_ms: float
+) -> set[K]:
+    """The instances of `passes` (the batch's forward passes still to run, in order, each taking `pace_ms`)
+    to compute: the most that are answered by their deadline (`deadline_of`, Unix ms; None: no deadline).
+
+    Every answer leaves when the batch's last pass ends, so running k passes ends at now + k x pace and
+    answers in time only the instances whose deadline is that late. For each k the passes holding an
+    instance without a deadline run whatever happens; the rest are the ones with the most instances in time
+    then. Fewer passes can answer more: a pass dropped for lateness no longer delays the others."""
+    best: set[K] = set()
+    for k in range(1, len(passes) + 1):
+        end_ms = now_ms + k * pace_ms
+        forced, optional = [], []
+        for keys in passes:
+            deadlines = [deadline_of(key) for key in keys]
+            timely = [key for key, d in zip(keys, deadlines) if d is None or d >= end_ms]
+            if timely:
+                (forced if None in deadlines else optional).append(timely)
+        if len(forced) > k:
+            continue
+        optional.sort(key=len, reverse=True)  # stable: of passes as full, the earlier
+        kept = {key for keys in forced + optional[: k - len(forced)] for key in keys}
+        if len(kept) > len(best):
+            best = kept
+    return best

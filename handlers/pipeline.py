@@ -4,7 +4,8 @@ requests -> instances -> validation -> encoding -> plan -> forward -> regroup ->
 a request past its deadline (handlers/deadline.py) is answered at once, before it is read.
 
 Each step is a function that takes what the previous one returned; nothing is stored
-between batches. Every instance of every request is validated on its own; the valid
+between batches but the worker's forward pass pace (handlers/deadline.PassPace), which the
+handler owns and hands in. Every instance of every request is validated on its own; the valid
 instances of the whole batch share one length-aware plan and the same fault isolation;
 each request gets exactly one answer, by index, and one bad request never fails another.
 
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_width, plan_micro_batches
-from handlers.deadline import late, read_deadline, refusal
+from handlers.deadline import DEADLINE_HEADER, PassPace, in_time, read_deadline, refusal
 from handlers.fault_isolation import run_isolating_faults
 from handlers.instances import Instance
 from handlers.loading import LoadedModel
@@ -151,41 +152,24 @@ def passes(
     return Plan(groups=groups, real_tokens=sum(lengths.values()), padded_tokens=padded)
 
 
-def in_time(
-    group: Sequence[InstanceKey], deadlines: Mapping[int, float], rejected: Rejected, pace_ms: float = 0.0
-) -> list[InstanceKey]:
-    """The group's instances whose request's deadline leaves `pace_ms` for the pass (the batch's previous pass
-    took that long); the others go to `rejected`, uncomputed: their answer would come after their deadline."""
-    if not deadlines:
-        return list(group)
-    finish_ms = 1000 * time.time() + pace_ms
-    kept = []
-    for key in group:
-        reason = late(deadlines[key[0]], finish_ms) if key[0] in deadlines else None
-        if reason is None:
-            kept.append(key)
-        else:
-            rejected[key] = reason
-    return kept
-
-
 def run_forward(
     model: LoadedModel, groups: Sequence[Sequence[InstanceKey]], encodings: Mapping[InstanceKey, Encoding],
-    deadlines: Mapping[int, float] | None = None,
+    deadlines: Mapping[int, float] | None = None, pace: PassPace | None = None,
 ) -> tuple[dict[InstanceKey, Prediction], Rejected, list[list[InstanceKey]]]:  # fmt: skip
     """One forward pass per group; a failing pass is bisected down to the instances that fail alone.
-    Before each pass, the instances whose request's deadline (by request index) would pass before the pass
-    ends, at the pace of the batch's previous pass, are dropped: returns the predictions, the rejected
-    instances, and the groups that ran."""
-
+    Before each pass, the requests (by index into `deadlines`) that the batch would answer after their deadline,
+    at the worker's `pace` with the passes still to come, are dropped (handlers/deadline.in_time), each request
+    whole: returns the predictions, the rejected instances, and the groups that ran."""
+    pace = pace or PassPace()
+    deadlines = deadlines or {}
     pass_ms: list[float] = []  # each call's time, within the group in hand
 
     def run(subset: Sequence[InstanceKey]):
-        started = time.time()
+        started = time.perf_counter()  # a duration: immune to the wall clock being stepped
         try:
             return model.forward([encodings[k] for k in subset])
         finally:
-            pass_ms.append(1000 * (time.time() - started))
+            pass_ms.append(1000 * (time.perf_counter() - started))
 
     def describe(subset: Sequence[InstanceKey]) -> str:
         longest = max(encodings[k].length for k in subset)
@@ -194,16 +178,25 @@ def run_forward(
     predictions: dict[InstanceKey, Prediction] = {}
     rejected: Rejected = {}
     ran = []
-    pace_ms = 0.0  # how long the batch's previous pass took: nothing is kept from one batch to the next
-    for planned in groups:
-        group = in_time(planned, deadlines or {}, rejected, pace_ms)
+    too_late: set[int] = set()  # requests refused for their deadline: none of their instances is worth a pass
+    for i, planned in enumerate(groups):
+        if deadlines:
+            to_come = [[key for key in keys if key[0] not in too_late] for keys in groups[i:]]
+            kept = in_time(to_come, lambda key: deadlines.get(key[0]), 1000 * time.time(), pace.ms)
+            too_late.update(key[0] for keys in to_come for key in keys if key not in kept)
+        group = []
+        for key in planned:
+            if key[0] in too_late:
+                rejected[key] = rejection.deadline_exceeded(DEADLINE_HEADER, None)
+            else:
+                group.append(key)
         if not group:
             continue
         ran.append(group)
         rows = run_isolating_faults(run, group, describe)
         # One pass's time, the longest the group took: a bisected group's retries added up would refuse the
-        # next group's requests for a failure that was not theirs.
-        pace_ms = max(pass_ms)
+        # next requests for a failure that was not theirs.
+        pace.observe(max(pass_ms))
         pass_ms.clear()
         for key, row in rows.items():
             if isinstance(row, Rejection):
@@ -256,9 +249,11 @@ def regroup(
 
 
 def answer_batch(
-    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], model: LoadedModel, identity: ModelIdentity
-) -> BatchOutcome:
-    """Every request of the batch answered by index. Never raises for a request's content."""
+    items: Sequence[Any], headers: Sequence[Mapping[str, Any] | None], model: LoadedModel, identity: ModelIdentity,
+    pace: PassPace | None = None,
+) -> BatchOutcome:  # fmt: skip
+    """Every request of the batch answered by index. Never raises for a request's content. `pace`: the worker's
+    forward pass time so far, which the deadline check reads and this batch's passes update (none: unknown)."""
     clock = _StageClock()
     read = [read_deadline(h) for h in headers]  # each header parsed once, for both checks
     requests = read_requests(items, headers, read, model.options, 1000 * time.time())
@@ -274,7 +269,7 @@ def answer_batch(
         clock.lap("tokenization")
         encodings = servable(encodings, rejected)
         batch_plan = plan(model, encodings)
-        predictions, failed, ran = run_forward(model, batch_plan.groups, encodings, deadlines)
+        predictions, failed, ran = run_forward(model, batch_plan.groups, encodings, deadlines, pace)
         rejected.update(failed)
         clock.lap("forward")
         counted = passes(model, ran, encodings)

@@ -88,12 +88,14 @@ def internal_error() -> Rejection:
 # ---- overload (handlers/deadline.py) --------------------------------------------------------------
 
 
-def deadline_exceeded(header: str, late_ms: float) -> Rejection:
-    """503 like the frontend's full queue: the same retry-with-backoff rule serves both."""
+def deadline_exceeded(header: str, late_ms: float | None) -> Rejection:
+    """503 like the frontend's full queue: the same retry-with-backoff rule serves both. `late_ms`: how long
+    ago the deadline passed; None when it is still ahead but the batch's passes would end after it."""
+    when = f"{late_ms:.0f} ms short" if late_ms is not None else "its batch's forward passes would end after it"
     return Rejection(
         503,
         "DeadlineExceeded",
-        f"the model could not answer before the request's deadline ({header}; {late_ms:.0f} ms short): "
+        f"the model could not answer before the request's deadline ({header}; {when}): "
         "it was not computed; the service is overloaded, retry with backoff",
     )
 

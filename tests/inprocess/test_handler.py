@@ -227,7 +227,7 @@ def test_an_answer_that_cannot_be_written_is_that_items_500_and_torchserve_sends
     from handlers.pipeline import BatchOutcome
     from handlers.responses import Answer
 
-    def outcome(data, headers, served, identity) -> BatchOutcome:
+    def outcome(data, headers, served, identity, pace) -> BatchOutcome:
         bodies = [{"label": "ok"}, {"id": "\ud800"}, {"outputs": [{"data": [float("nan")]}]}, {"label": "fine"}]
         return BatchOutcome([Answer(200, body, kserve=index == 2) for index, body in enumerate(bodies)])
 
@@ -240,3 +240,25 @@ def test_an_answer_that_cannot_be_written_is_that_items_500_and_torchserve_sends
     assert "error" not in answers[1] and answers[2]["error"] == answers[2]["message"]  # a KServe answer's shape
     request_ids = {index: f"request-{index}" for index in range(4)}
     assert create_predict_response(out, request_ids, "Prediction success", 200, context)  # raised before
+
+
+def test_the_handler_hands_its_batches_the_workers_pace_which_they_measure(unpacked_model_dir):
+    """The deadline check before a batch's first pass reads the pace the batches before measured (handlers/
+    deadline.PassPace): the handler keeps it and hands it in. With a pace of a minute a pass, a request due in ten
+    seconds is refused uncomputed; one without a deadline is answered."""
+    import time
+
+    from ts.context import RequestProcessor
+
+    handler = load_handler(unpacked_model_dir)
+    context = make_context(unpacked_model_dir)
+    assert handler.pace.ms == 0.0
+    run(handler, context, [(b"one", TEXT), (b"two words", TEXT)])
+    assert handler.pace.ms > 0.0  # the batch's pass was timed into it
+    handler.pace.ms = 60_000.0
+    data = set_batch(context, [(b"due in ten seconds", TEXT), (b"no deadline", TEXT)])
+    due = str(int(1000 * time.time()) + 10_000)
+    context.request_processor[0] = RequestProcessor({"body": {"content-type": TEXT}, "X-Request-Deadline": due})
+    bodies = [json.loads(b) for b in handler.handle(data, context)]
+    assert statuses(context, 2) == [503, 200], bodies
+    assert bodies[0]["type"] == "DeadlineExceeded" and "would end after it" in bodies[0]["message"]

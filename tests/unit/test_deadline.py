@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.deadline import DEADLINE_HEADER, past_deadline
+from handlers.deadline import DEADLINE_HEADER, in_time, past_deadline, read_deadline
 
 NOW_MS = 1_800_000_000_000.0
 
@@ -30,3 +30,31 @@ def test_a_passed_deadline_is_refused_with_503_deadline_exceeded_saying_by_how_m
 def test_an_unreadable_deadline_is_refused_with_400(value):
     reason = past_deadline({DEADLINE_HEADER: value}, NOW_MS)
     assert (reason.status, reason.type) == (400, "InvalidDeadline")
+
+
+@pytest.mark.parametrize("value", ["1e15", "1.8e12", "+1800000000000", "0x1a2b3c4d5e6f", "1_800_000_000_000"])
+def test_a_deadline_not_written_in_plain_digits_is_refused_as_a_proxy_could_not_cap_it(value):
+    """HAProxy's integer conversion reads "1e15" as 1: the fleet's cap on the budget would let it through. Only
+    digits, with a fraction at most, are read, so every deadline that gets past the proxy is the one it checked."""
+    reason = past_deadline({DEADLINE_HEADER: value}, NOW_MS)
+    assert (reason.status, reason.type) == (400, "InvalidDeadline")
+
+
+def test_a_deadline_with_a_fraction_of_a_millisecond_is_read():
+    assert read_deadline({DEADLINE_HEADER: f" {int(NOW_MS) + 5}.25 "}) == NOW_MS + 5.25
+
+
+def test_without_deadlines_or_pace_every_pass_runs_and_the_passes_with_no_deadline_always_do():
+    passes = [["a", "b"], ["c"], ["d"]]
+    assert in_time(passes, lambda key: None, NOW_MS, 100.0) == {"a", "b", "c", "d"}
+    due = {"a": NOW_MS + 50, "c": NOW_MS + 1}
+    # No pace measured yet: only what is already late would go.
+    assert in_time(passes, due.get, NOW_MS, 0.0) == {"a", "b", "c", "d"}
+    # A pass takes 100 ms: "b" and "d" have no deadline, so theirs run (200 ms), and "a" and "c" cannot make it.
+    assert in_time(passes, due.get, NOW_MS, 100.0) == {"b", "d"}
+
+
+def test_fewer_passes_answer_more_a_pass_dropped_no_longer_delays_the_others():
+    passes = [["x"], ["a", "b", "c"], ["y"]]
+    due = dict.fromkeys("xyabc", NOW_MS + 150)  # room for one 100 ms pass: the fullest runs
+    assert in_time(passes, due.get, NOW_MS, 100.0) == {"a", "b", "c"}

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from handlers.deadline import PassPace
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
 from handlers.pipeline import answer_batch
@@ -262,42 +263,82 @@ class TickingForward(FakeForward):
         return super().__call__(encodings)
 
 
+def ticking_model(monkeypatch, tick: float, **options) -> tuple[LoadedModel, TickingForward, list[float]]:
+    """A model whose passes take `tick` s of a fake clock, which both the wall clock and the timers read."""
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    model, _ = make_model(**options)
+    forward = TickingForward(model.tokenizer, clock, tick)
+    return replace(model, forward=forward), forward, clock
+
+
 def with_deadline(body: str, deadline_s: float) -> tuple[dict, dict]:
     return {"body": body.encode()}, {"content-type": "text/plain", "X-Request-Deadline": str(int(1000 * deadline_s))}
 
 
-def test_a_request_the_batchs_pace_would_answer_after_its_deadline_is_dropped_before_its_pass(monkeypatch):
-    clock = [1_800_000_000.0]
-    monkeypatch.setattr(time, "time", lambda: clock[0])
-    model, forward = make_model(max_batch_tokens=6)  # every text below is a pass of its own, shortest first
-    model = replace(model, forward=TickingForward(model.tokenizer, clock, tick=100.0))
-    forward = model.forward
-    short, longer, longest = "a", "b c d", "one two three four"
-    outcome = run(
-        model,
-        # third: its pass would start at +200 s and, at the pace of the one before, end at +300: dropped
-        with_deadline(longest, clock[0] + 250),
-        text(short),  # no deadline: runs first, from +0 to +100 s
-        with_deadline(longer, clock[0] + 250),  # second: from +100 to +200 s, in time
-        with_deadline("late already", clock[0] - 1),  # past its deadline before the batch: never even read
-    )
-    assert [a.status for a in outcome.answers] == [503, 200, 200, 503]
-    assert {outcome.answers[i].body["type"] for i in (0, 3)} == {"DeadlineExceeded"}
-    assert scores(outcome.answers[1]) == pytest.approx(forward.alone(short, model.max_length))
-    assert scores(outcome.answers[2]) == pytest.approx(forward.alone(longer, model.max_length))
-    assert len(forward.passes) == outcome.forward_passes == 2
-    computed = {len(row) for p in forward.passes for row in p}
-    assert computed == {3, 5} and outcome.real_tokens == 3 + 5  # the longest (6 tokens) never ran
+def run_paced(model: LoadedModel, pace: PassPace, *requests: tuple[dict, dict]):
+    items, headers = zip(*requests)
+    return answer_batch(list(items), list(headers), model, ModelIdentity("fake"), pace)
+
+
+def test_a_request_its_own_pass_would_answer_in_time_but_its_batch_would_not_is_dropped(monkeypatch):
+    """Every answer leaves when the batch's last pass ends (TorchServe sends them together): a request in the first
+    of three passes, with room for one, would be answered late. The worker's pace, measured on the batch before,
+    says so before the first pass."""
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)  # a pass per text below
+    pace = PassPace()
+
+    def batch():
+        start = clock[0]
+        # Shortest first: "a" would run first, from +0 to +100 s, in time for its deadline; the batch ends at +300.
+        return start, run_paced(model, pace, with_deadline("a", start + 150), text("b c d"), text("one two three four"))
+
+    # A new worker knows no pace: it computes the request, whose answer then leaves after its deadline.
+    start, first = batch()
+    assert [a.status for a in first.answers] == [200, 200, 200] and clock[0] - start == 300
+    # The next batch's check knows a pass takes 100 s: two passes end at +200, past the deadline, so it is not run.
+    forward.passes.clear()
+    start, second = batch()
+    assert [a.status for a in second.answers] == [503, 200, 200]
+    assert second.answers[0].body["type"] == "DeadlineExceeded"
+    assert "would end after it" in second.answers[0].body["message"]
+    assert len(forward.passes) == second.forward_passes == 2 and clock[0] - start == 200
+    assert {len(row) for p in forward.passes for row in p} == {5, 6}  # "a" (3 tokens) never ran
+
+
+def test_the_passes_that_answer_the_most_requests_in_time_run_and_the_others_are_refused(monkeypatch):
+    """Three requests with the same deadline, each a pass of its own, room for two passes: two run, in time. A
+    check that wanted every pass to end in time would have refused all three."""
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(100_000.0)  # ms: as the batches before measured
+    start = clock[0]
+    outcome = run_paced(model, pace, *(with_deadline(t, start + 250) for t in ("a", "b c d", "one two three")))
+    assert sorted(a.status for a in outcome.answers) == [200, 200, 503]
+    assert len(forward.passes) == 2 and clock[0] - start == 200
+
+
+def test_a_request_is_refused_whole_none_of_its_instances_computed(monkeypatch):
+    """A KServe request with two instances in different passes, room for two passes of three, one of them a
+    request without a deadline: its pass runs, and either of the other request's passes alone would be in time,
+    but the request is answered only whole, so neither is computed."""
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(100_000.0)
+    start = clock[0]
+    deadline = {"X-Request-Deadline": str(int(1000 * (start + 250)))}
+    two = ({"body": json.dumps({"instances": ["a", "one two three"]}).encode()}, {"explain": "False", **deadline})
+    outcome = run_paced(model, pace, two, text("b c d"))
+    assert [a.status for a in outcome.answers] == [503, 200]
+    assert outcome.answers[0].body["type"] == "DeadlineExceeded" and "error" in outcome.answers[0].body
+    assert [len(p) for p in forward.passes] == [1] and clock[0] - start == 100
 
 
 def test_the_pace_after_a_bisected_group_is_one_pass_not_the_retries_added_up(monkeypatch):
     """A poisoned item in the first group costs several passes; the next group's request, whose deadline leaves
     room for one pass, is still served: the bisection's retries are not its pace."""
-    clock = [1_800_000_000.0]
-    monkeypatch.setattr(time, "time", lambda: clock[0])
-    model, _ = make_model(max_batch_tokens=12)
-    model = replace(model, forward=TickingForward(model.tokenizer, clock, tick=100.0))
-    forward = model.forward
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=12)
     start = clock[0]
     in_time_for_one_pass = with_deadline("one two three four", start + 650)
     outcome = run(model, text("a"), text("b"), text(POISON), text("c"), in_time_for_one_pass)
