@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from handlers.loading import ModelLoadFailed
 from handlers.scores import SOFTMAX, apply
 
 # Widths (tokens) captured, up to the token cap: steps of about 1.5x keep the padding a bucket adds
@@ -29,6 +30,29 @@ from handlers.scores import SOFTMAX, apply
 WIDTH_LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Replays before each capture, on a side stream: cuBLAS and the allocator set themselves up outside the graph.
 WARM_UP_RUNS = 2
+
+
+def require_capture_safe_transformers() -> None:
+    """Refuse `cuda_graphs` where transformers' attention masks cannot be captured.
+
+    BERT's SDPA mask asks whether a mask is all ones (torch.all(mask == 1), read on the host: a
+    synchronization, which no CUDA graph capture allows) unless transformers sees that the stream is
+    capturing. Releases that see it have transformers.utils.import_utils.is_cuda_stream_capturing, which
+    masking_utils' tracing check calls (read in 5.0.0 and 5.23.0); 4.57.1's BERT reads the mask with no such
+    check, and has no such function. Asked of the feature, not of a version number.
+    """
+    try:
+        from transformers.utils.import_utils import is_cuda_stream_capturing  # noqa: F401 - only its presence
+    except ImportError:
+        import transformers
+
+        raise ModelLoadFailed(
+            f"cuda_graphs: true needs a transformers whose attention masks can be captured in a CUDA graph "
+            f"(transformers.utils.import_utils.is_cuda_stream_capturing, which BERT's masks check before they "
+            f"read a mask on the host; 5.0 and later have it), and this worker has transformers "
+            f"{transformers.__version__}, which reads the mask inside the capture. Install transformers 5.0 or "
+            "newer (pip install 'transformers>=5,<6'), or set cuda_graphs: false to serve without the graphs."
+        ) from None
 
 
 @dataclass(frozen=True, order=True)

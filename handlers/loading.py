@@ -36,6 +36,18 @@ class ModelLoadFailed(Exception):
 
 
 @dataclass(frozen=True)
+class LoadedTokenizer:
+    """What tokenizing and planning a model's passes need, without its weights (the benchmark's planning
+    statistics and tokenization timings read only this)."""
+
+    tokenizer: Any
+    config: Any  # the checkpoint's config.json, as transformers reads it
+    encoder: TextEncoder  # texts -> token ids at max_length (handlers/tokenization.encode)
+    token_limit: int  # the longest sequence the model can embed
+    threads: int  # the Rust tokenizer's pool (handlers/tokenization.size_tokenizer_pool)
+
+
+@dataclass(frozen=True)
 class LoadedModel:
     tokenizer: Any
     encoder: TextEncoder  # texts -> token ids at max_length (handlers/tokenization.encode)
@@ -61,6 +73,33 @@ def backend_of(model_dir: Path) -> str:
     return "onnxruntime" if (Path(model_dir) / ONNX_FILE).is_file() else "pytorch"
 
 
+def refuse_unembeddable_vocabulary(vocabulary: int, embeddings: int, source: str) -> None:
+    """Refuse a model whose tokenizer can produce ids it cannot embed: `vocabulary` ids (len(tokenizer), added
+    tokens included) against `embeddings` rows (read from `source`). A text with such a token indexes past the
+    embedding table: on a GPU a device-side assert, after which the worker's CUDA context is lost for good."""
+    if vocabulary > embeddings:
+        raise ModelLoadFailed(
+            f"the tokenizer can produce {vocabulary} token ids (len(tokenizer), added tokens included) but the "
+            f"model embeds {embeddings} ({source}): a text holding one of the {vocabulary - embeddings} ids past "
+            "the embedding table cannot be answered, and on a GPU it ends the worker. Resize the embeddings to "
+            "the tokenizer (model.resize_token_embeddings(len(tokenizer)), then fine-tune and save the checkpoint "
+            "again) or fix the tokenizer (remove the tokens added after the model was trained)."
+        )
+
+
+def load_tokenizer(model_dir: Path, options: HandlerOptions) -> LoadedTokenizer:
+    """The tokenizer and config of the checkpoint in `model_dir`, and the encoder at the option's token cap."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    threads = options.cpu_threads or usable_cpus()
+    size_tokenizer_pool(threads)  # before anything is tokenized: the first batch call fixes the pool
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    token_limit = model_token_limit(tokenizer, config)
+    encoder = text_encoder(tokenizer, min(options.max_length, token_limit))
+    return LoadedTokenizer(tokenizer, config, encoder, token_limit, threads)
+
+
 def load_model(
     model_dir: Path, options: HandlerOptions, gpu_id: int | None, onnx_dir: Path | None = None, batch_size: int = 1
 ) -> LoadedModel:
@@ -70,21 +109,19 @@ def load_model(
     place of model_dir's own weights; the export checks each graph this way before packing it.
     `batch_size`: the most requests TorchServe hands over at once (the passes CUDA graphs are captured for).
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     model_dir = Path(model_dir)
-    tokenizer_threads = options.cpu_threads or usable_cpus()
-    size_tokenizer_pool(tokenizer_threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    token_limit = model_token_limit(tokenizer, config)
+    loaded = load_tokenizer(model_dir, options)
+    tokenizer, config, encoder, token_limit = loaded.tokenizer, loaded.config, loaded.encoder, loaded.token_limit
     pad_token_id = tokenizer.pad_token_id or 0
     scores = score_function(getattr(config, "problem_type", None), config.num_labels)
-    encoder = text_encoder(tokenizer, min(options.max_length, token_limit))
     onnx_dir = Path(onnx_dir) if onnx_dir is not None else model_dir
     backend = backend_of(onnx_dir)
     forward: Any
     if backend == "onnxruntime":
+        # The graph's embedding table has the checkpoint's rows (tooling/onnx_export.py exports it as it is):
+        # the config says how many without reading the graph.
+        if isinstance(getattr(config, "vocab_size", None), int):
+            refuse_unembeddable_vocabulary(len(tokenizer), config.vocab_size, "config.json vocab_size")
         # A GPU worker either gets ONNX Runtime's CUDA provider or a clear refusal (in load_onnx_forward).
         options = options.for_device("cuda" if gpu_id is not None else "cpu", backend)
         token_types = getattr(config, "type_vocab_size", 0) >= 2  # BERT's segments; DistilBERT has none, RoBERTa one
@@ -96,7 +133,7 @@ def load_model(
         # The inputs every pass is collated into (handlers/tokenization.collate): the encoder's, and the mask.
         input_names = (*encoder.features, "attention_mask")
         forward = load_torch_forward(
-            model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size, scores
+            model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size, scores, len(tokenizer)
         )
     # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
     graphs_ignored = options.cuda_graphs and getattr(forward, "graphs", None) is None
@@ -104,7 +141,7 @@ def load_model(
         from handlers.fault_injection import FaultInjectingForward
 
         forward = FaultInjectingForward(forward, tokenizer, options)
-    description = f"{forward.description}; tokenizer {tokenizer_threads} thread(s)"
+    description = f"{forward.description}; tokenizer {loaded.threads} thread(s)"
     if scores != SOFTMAX:
         description += f"; scores: {scores} ({config.num_labels} label(s), problem_type {config.problem_type})"
     if graphs_ignored:

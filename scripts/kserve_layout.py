@@ -7,7 +7,8 @@
 --gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 5 ms (on an H100 at 1,024 clients
 8 workers served 3.6x what one did, 8,757 against 2,409 requests/s, with a 5 ms delay: docs/benchmarks.md#gpu),
 and the queue from the GPU's measured 8,757 requests/s, unless --workers, --batch-size, --max-batch-delay or
---throughput-rps say otherwise.
+--throughput-rps say otherwise. It refuses an archive holding an ONNX model (scripts.archive_model --backend onnx):
+every GPU worker refuses to serve one, so its pods would never become ready.
 
 writes build/kserve/config/config.properties (+ metrics.yaml) and build/kserve/model-store/<name>.mar,
 then prints where to upload them. The work is done by tooling/cluster_config.py; this is its command line.
@@ -17,8 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zipfile
 from pathlib import Path
 
+import yaml
+
+from handlers.onnx_forward import ONNX_FILE
+from handlers.options import HandlerOptions
 from tooling.cluster_config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_DELAY_MS,
@@ -30,11 +36,21 @@ from tooling.cluster_config import (
     build_kserve_layout,
 )
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
-from tooling.model_archive import NotAnArchive
+from tooling.model_archive import NotAnArchive, manifest_model
 
 # Where the InferenceService's storageUri is set: the CPU one, and the GPU variants' shared component.
 STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"
 STORAGE_URI_GPU = "deploy/kserve/components/gpu/kustomization.yaml"
+
+
+def holds_onnx_model(archive: Path) -> bool:
+    """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
+    from the archive's model-config.yaml) holds model.onnx (handlers/loading.backend_of)."""
+    config_name = manifest_model(archive).get("configFile")  # raises NotAnArchive for a file that is not one
+    with zipfile.ZipFile(archive) as mar:
+        config = yaml.safe_load(mar.read(config_name)) if config_name else None
+        subdir = ((config or {}).get("handler") or {}).get("model_subdir", HandlerOptions.model_subdir)
+        return f"{subdir}/{ONNX_FILE}" in mar.namelist()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +89,23 @@ def main(argv: list[str] | None = None) -> int:
         args.throughput_rps = machine_throughput("gpu", args.gpus)
     if not args.archive.is_file():
         print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
+        return 2
+    try:
+        onnx = holds_onnx_model(args.archive)
+    except NotAnArchive as exc:
+        print(f"kserve_layout: {exc}", file=sys.stderr)
+        return 2
+    if gpu and onnx:
+        # Refused here, not in the pods: TorchServe gives every worker a GPU, each worker refuses an ONNX model it
+        # cannot run there (handlers/onnx_forward.providers_for), and the pods would never become ready.
+        print(
+            f"kserve_layout: {args.archive} holds an ONNX model ({ONNX_FILE}), and --gpus {args.gpus} lays it out for "
+            "GPU pods, whose workers refuse it: the image's onnxruntime has no CUDAExecutionProvider. Archive the "
+            "checkpoint for PyTorch, as scripts/setup.sh does on a GPU host (float16 on CUDA, the dtype option's "
+            "auto): python -m scripts.archive_model CHECKPOINT --name NAME --backend pytorch; or lay this archive "
+            "out for CPU pods, without --gpus.",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = build_kserve_layout(

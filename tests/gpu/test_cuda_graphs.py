@@ -43,6 +43,8 @@ def test_every_bucket_is_captured_and_named_in_the_load_log(eager_and_graphed):
     assert graphs is not None and max(graphs.buckets).rows == MAX_ROWS
     assert max(graphs.buckets).width >= graphed.max_length
     assert "CUDA graphs" in graphed.description, graphed.description
+    for served in (eager, graphed):  # on the GPU, never on a CPU it fell back to (handlers/torch_forward.select_device)
+        assert " on cuda:0 " in served.description, served.description
 
 
 def test_replayed_passes_answer_as_eager_ones_for_every_size_and_fall_back_beyond_the_largest(eager_and_graphed):

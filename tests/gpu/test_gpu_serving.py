@@ -35,6 +35,33 @@ def workers(server: TorchServe, model: str) -> list[dict]:
     return server.describe(model)[0]["workers"]
 
 
+def load_lines(server: TorchServe, model: str) -> dict[str, str]:
+    """Each of `model`'s workers' load line (handlers/bert_handler.py: "loaded ... max_batch_tokens=..."), by worker.
+
+    Only this model's: TorchServe names a worker W-<port>-<model>_<version> in every line it logs for it, and the
+    session's server logs other models' workers too. A line is copied into several of its logs: one per worker."""
+    pattern = re.compile(rf"\bW-(\d+)-{re.escape(model)}_")
+    lines: dict[str, str] = {}
+    for line in server.log_text().splitlines():
+        worker = pattern.search(line)
+        if worker and "loaded " in line and "max_batch_tokens=" in line:
+            lines.setdefault(worker.group(1), line)
+    return lines
+
+
+def assert_every_worker_loaded_on_the_gpu(server: TorchServe, model: str, cuda_graphs: bool = False) -> None:
+    """Every worker said at load that it runs on CUDA (torch_forward's description: "PyTorch ... on cuda:N"), not on
+    a CPU it fell back to; with `cuda_graphs`, that it captured them."""
+    expected = len(workers(server, model))
+    deadline = time.monotonic() + 10  # the frontend writes a worker's stdout to its logs a moment after READY
+    while len(lines := load_lines(server, model)) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(lines) == expected, lines
+    for line in lines.values():
+        assert re.search(r"PyTorch \S+ on cuda:\d+ ", line), line
+        assert ("CUDA graphs: " in line) == cuda_graphs, line
+
+
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "cuda-graphs"])
 def test_float16_on_the_gpu_answers_as_float32_does(torchserve, demo_checkpoint, make_archive, cuda_graphs):
     from transformers import AutoTokenizer
@@ -50,6 +77,7 @@ def test_float16_on_the_gpu_answers_as_float32_does(torchserve, demo_checkpoint,
     assert torchserve.register(archive, batch_size=32, max_batch_delay=5, initial_workers=2).status_code == 200
     try:
         assert all(worker["gpu"] for worker in workers(torchserve, name)), workers(torchserve, name)
+        assert_every_worker_loaded_on_the_gpu(torchserve, name, cuda_graphs)
         texts = [text for text, _ in held_out_examples()] + fixed_texts()
         with ThreadPoolExecutor(max_workers=32) as pool:
             responses = list(pool.map(lambda t: torchserve.predict(name, t.encode(), "text/plain"), texts))
@@ -89,10 +117,9 @@ def test_each_request_gets_its_own_answer_with_several_workers_on_one_gpu(
     try:
         assert len(workers(torchserve, name)) == 4
         assert all(worker["gpu"] for worker in workers(torchserve, name))
+        assert_every_worker_loaded_on_the_gpu(torchserve, name, cuda_graphs)  # and captured them, when asked to
         with ThreadPoolExecutor(max_workers=64) as pool:
             responses = list(pool.map(lambda t: torchserve.predict(name, t.encode(), "text/plain"), texts))
-        if cuda_graphs:
-            assert "CUDA graphs: " in torchserve.log_text()  # every worker captured them at load
     finally:
         torchserve.unregister(name)
     for response, single in zip(responses, alone):
@@ -135,6 +162,7 @@ def test_a_real_cuda_out_of_memory_is_isolated_to_the_item_that_needs_the_memory
                            max_batch_tokens=10**6)  # fmt: skip
     assert torchserve.register(archive, batch_size=8, max_batch_delay=2000, initial_workers=1).status_code == 200
     try:
+        assert_every_worker_loaded_on_the_gpu(torchserve, "gpu-oom")
         neighbours = [f"short review number {i}, fine." for i in range(7)]
         culprit = "a " * (WIDE_TOKENS - 2)
         texts = [*neighbours[:3], culprit, *neighbours[3:]]
@@ -165,6 +193,7 @@ def test_a_worker_killed_on_the_gpu_is_replaced_and_serves_again(torchserve, tin
     try:
         [worker] = workers(torchserve, "gpu-kill")
         assert worker["gpu"]
+        assert_every_worker_loaded_on_the_gpu(torchserve, "gpu-kill")
         os.kill(worker["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

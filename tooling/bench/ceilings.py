@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from handlers.loading import LoadedModel, load_model
+from handlers.loading import LoadedModel, load_model, load_tokenizer
 from handlers.options import HandlerOptions
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import gpu_id_of, release, synchronize
@@ -127,19 +127,21 @@ def second_pass(texts: int, times: Sequence[float]) -> dict:
 
 
 def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
-    """Padding waste and passes of the plan the handler makes, from the handler's own planning functions."""
+    """Padding waste and passes of the plan the handler makes, from the handler's own planning functions.
+    Only the tokenizer is loaded (handlers/loading.load_tokenizer: the handler's encoder and token limit): the plan
+    depends on token counts alone, and a model's weights, on a GPU worker's device, would be loaded for nothing."""
     from handlers.batching import padded_tokens, plan_micro_batches
     from handlers.tokenization import encode
 
-    model = load_model(model_dir, options, None)
+    tokens = load_tokenizer(model_dir, options)
     real = padded = passes = batches = 0
     for i in range(0, len(texts), batch_size):
-        lengths = [e.length for e in encode(model.encoder, list(texts[i : i + batch_size]))]
+        lengths = [e.length for e in encode(tokens.encoder, list(texts[i : i + batch_size]))]
         groups = plan_micro_batches(lengths, options.max_batch_tokens, options.pad_to_multiple_of)
         passes += len(groups)
         batches += 1
         real += sum(lengths)
-        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, model.token_limit)
+        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, tokens.token_limit)
     return {"padding_waste": padded / real, "forward_passes_per_batch": passes / batches}
 
 
@@ -266,11 +268,11 @@ def tokenization_speed(
 
     from handlers.tokenization import TextEncoder, encode
 
-    model = load_model(model_dir, options or HandlerOptions(), None)
+    tokens = load_tokenizer(model_dir, options or HandlerOptions())  # the handler's encoder; no weights needed
     ways = {
-        "handler": model.encoder,
-        "rust_whole_tokenizer": dataclasses.replace(model.encoder, ascii=None),
-        "wrapper_two_passes": TextEncoder(model.tokenizer, model.max_length),
+        "handler": tokens.encoder,
+        "rust_whole_tokenizer": dataclasses.replace(tokens.encoder, ascii=None),
+        "wrapper_two_passes": TextEncoder(tokens.tokenizer, tokens.encoder.max_length),
     }
     rows = []
     for batch_size in batch_sizes:

@@ -15,11 +15,12 @@ from tooling.bench.loadgen import closed_loop
 from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
 from tooling.bench.server_cpu import server_cpu_cores
 
-# Load before the measured cells of each registration, as a share of a cell (at most 2 s):
-# the worker's first batches of each shape are slower (allocators, ONNX Runtime's first runs).
+# Load before the measured cells of each registration, as a share of a cell (at most 2 s), at the largest client
+# count the cells measure (warm_up_clients): the worker's first batches of each shape are slower (allocators, ONNX
+# Runtime's first runs, cuBLAS's first calls), and a backend that met its full batches only inside a measured cell
+# would be charged for them there, while CUDA graphs met every shape at capture, at load.
 WARM_UP_SHARE = 0.5
 WARM_UP_MAX_S = 2.0
-WARM_UP_CLIENTS = 4
 # The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
 METRICS_SETTLE_S = 0.5
 
@@ -111,6 +112,25 @@ def measure_cell(
             "frontend_cpu_cores": cores["frontend"], "workers_cpu_cores": cores["workers"], **gpu_cell}  # fmt: skip
 
 
+def warm_up_clients(concurrency: Sequence[int]) -> int:
+    """Clients of the warm-up before a registration's cells: the most any of its cells has, so its batches are as
+    full as the fullest cell's (batch_size rows where the clients fill them) before anything is measured."""
+    return max(concurrency)
+
+
+def reference_answers(
+    backends: Sequence[PreparedBackend], texts: Sequence[str], handler_options: dict, device: str
+) -> dict[str, list[dict]]:
+    """Each backend's answers alone in float32 (tooling/bench/answers.answers_alone), by backend name, computed once
+    per model folder: "pytorch" and "pytorch-graphs" serve one checkpoint, whose reference is the same (it takes
+    the run's handler options, not the backend's own)."""
+    by_folder: dict[Path, list[dict]] = {}
+    for p in backends:
+        if p.model_dir not in by_folder:
+            by_folder[p.model_dir] = answers_alone(p.model_dir, texts, handler_options, device)
+    return {p.name: by_folder[p.model_dir] for p in backends}
+
+
 @dataclass(frozen=True)
 class Registration:
     archive: str
@@ -170,7 +190,7 @@ def served_cells(
             archives[p.name, threads] = pack_archive(p.model_dir, f"bench-{p.name}-t{threads}", store, config).name
     option = str(handler_options.get("dtype", "auto"))
     dtypes = {p.name: served_dtype(option, device, p.backend.quantize) for p in backends}
-    expected = {p.name: answers_alone(p.model_dir, texts, handler_options, device) for p in backends}
+    expected = reference_answers(backends, texts, handler_options, device)
     release(device)
     progress(f"answers alone in float32 on {device} for {len(texts)} texts; served as {dtypes}")
     cells = []
@@ -178,8 +198,8 @@ def served_cells(
     # A closed loop never has more requests in flight than clients: a queue that holds them all never
     # refuses one, so the cells measure capacity and latency, not the latency budget's shedding (which
     # scripts/overload.py measures). The launchers' default queue, sized for a CPU host's budget, would
-    # refuse hundreds of clients with 503.
-    overrides = {"job_queue_size": str(max(default_job_queue_size(), *concurrency, WARM_UP_CLIENTS))}
+    # refuse hundreds of clients with 503. The warm-up runs at the largest cell's clients (warm_up_clients).
+    overrides = {"job_queue_size": str(max(default_job_queue_size(), *concurrency))}
     if device == "cpu":
         overrides["number_of_gpu"] = "0"
     with TorchServe(Path(workdir) / "server", store, overrides) as server:
@@ -198,7 +218,8 @@ def served_cells(
             for model, r in models.items():
                 url = f"{server.inference_url}/predictions/{model}"
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
-                closed_loop(url, headers, texts, WARM_UP_CLIENTS, min(WARM_UP_MAX_S, WARM_UP_SHARE * duration))
+                warm_up = min(WARM_UP_MAX_S, WARM_UP_SHARE * duration)
+                closed_loop(url, headers, texts, warm_up_clients(concurrency), warm_up)
                 time.sleep(METRICS_SETTLE_S)
                 for clients in concurrency:
                     check = AnswerCheck(expected[r.backend], TOLERANCE[dtypes[r.backend]])
