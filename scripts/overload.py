@@ -1,18 +1,21 @@
 """Overload benchmark: open-loop arrivals at multiples of the saturation measured just before, per client timeout.
 
     python -m scripts.overload --out docs/bench-overload --litserve-python /path/to/venv/bin/python
-    python -m scripts.overload --quick              # about two minutes: checks the pipeline end to end
+    python -m scripts.overload --quick              # a few minutes: checks the pipeline end to end
 
 One run, one machine: the default archive (model_store/bert.mar, repacked with this checkout's
 handlers) served by private TorchServes at the landed layout (batch 8, 2 ms, one worker per core).
 First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %);
-then each setup (tooling/bench/overload.py: today's queue of 100, and each latency budget's queue
-and batch size with and without client deadlines) takes open-loop arrivals (constant and Poisson)
-at each multiple of it, each client giving up after its timeout; per cell it records where the
-CPU went (workers, frontend, load generator). At the end the saturation is measured again on a
-fresh server of the first layout. LitServe, serving the same model and pipeline from a venv of its
-own, takes the same load for contrast. Writes overload.json (every figure), overload.md (tables,
-targets) and overload.png.
+then each setup (tooling/bench/overload.py: today's queue of 100, each latency budget's queue and
+batch size from that saturation with and without client deadlines, and each budget's queue and
+batch as scripts/serve.sh ships them, from the throughput tooling/latency_budget.py ships) takes
+open-loop arrivals (constant and Poisson) at each multiple of it, each client giving up after its
+timeout. Each cell's arrivals run for --warmup-s and then the --seconds of its window: the client's
+figures count the requests scheduled in the window (tooling/bench/openloop.py). Per cell it also
+records where the CPU went (workers, frontend, load generator). At the end the saturation is
+measured again on a fresh server of the first layout. LitServe, serving the same model and pipeline
+from a venv of its own, takes the same load for contrast. Writes overload.json (every figure),
+overload.md (what each figure counts, tables, targets) and overload.png.
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ from tooling.bench.corpus import build_corpus
 from tooling.bench.loadgen import closed_loop, readings_until_stable
 from tooling.bench.openloop import open_loop
 from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, setups
-from tooling.bench.overload_report import evaluate, plot, table, targets_table
+from tooling.bench.overload_report import evaluate, legend, plot, table, targets_table
 from tooling.bench.report import machine
 from tooling.bench.server_cpu import server_cpu_cores
-from tooling.latency_budget import DEFAULT_BUDGET_MS
+from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 from tooling.paths import MODEL_STORE, REPO
 
 MODEL = "overload"
@@ -51,6 +54,16 @@ SATURATION_CLIENTS = 32
 
 def floats(value: str) -> list[float]:
     return [float(x) for x in value.split(",")]
+
+
+def ints(value: str) -> list[int]:
+    return [int(x) for x in value.split(",") if x]
+
+
+def nproc() -> int:
+    """What `nproc` prints: the cores this process may run on, which scripts/serve.sh passes as --units and
+    --workers on a CPU host."""
+    return len(os.sched_getaffinity(0))
 
 
 def unpack(archive: Path, into: Path) -> tuple[Path, Path]:
@@ -126,7 +139,7 @@ def wait_idle(url: str, headers: dict, body: str, limit_s: float = 120.0) -> Non
 
 
 def litserve_cells(python: str, model_dir: Path, options: Path, workers: int, texts, saturation: float,
-                   multiples, timeouts, seconds: float, progress) -> list[dict]:  # fmt: skip
+                   multiples, timeouts, seconds: float, warmup_s: float, progress) -> list[dict]:  # fmt: skip
     from tooling.torchserve import free_port
 
     port = free_port()
@@ -151,7 +164,8 @@ def litserve_cells(python: str, model_dir: Path, options: Path, workers: int, te
         progress(f"LitServe up: {workers} workers, unbounded queue")
         for timeout_s in timeouts:
             for multiple in multiples:
-                result = open_loop(url, headers, bodies, multiple * saturation, seconds, timeout_s, "constant")
+                result = open_loop(url, headers, bodies, multiple * saturation, seconds, timeout_s, "constant",
+                                   warmup_s=warmup_s)  # fmt: skip
                 wait_idle(url, headers, bodies[0])
                 cell = {"server": "litserve", "setup": "unbounded queue", "timeout_s": timeout_s,
                         "arrivals": "constant", "multiple": multiple, "budget_ms": None, "deadline_header": False,
@@ -176,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/bench-overload"))
     parser.add_argument("--multiples", type=floats, default=[0.5, 1.0, 1.5, 2.0, 4.0])
     parser.add_argument("--timeouts", type=floats, default=[0.3, 1.0, 2.0], help="client timeouts, seconds")
-    parser.add_argument("--seconds", type=float, default=4.0, help="arrivals per cell")
+    parser.add_argument("--seconds", type=float, default=4.0, help="each cell's counted window of arrivals")
+    parser.add_argument("--warmup-s", type=float, default=1.0,
+                        help="arrivals before each cell's window, not counted: the queue fills")  # fmt: skip
     parser.add_argument("--saturation-seconds", type=float, default=4.0, help="per round of the measurement")
     parser.add_argument("--litserve-python", help="an interpreter with litserve installed (its own venv)")
     parser.add_argument("--litserve-timeouts", type=floats, default=[0.3, 1.0])
@@ -186,11 +202,28 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also run each budget at these batch sizes (default: only at the layout's)",
     )
-    parser.add_argument("--quick", action="store_true", help="2 loads, 2 timeouts, 1.5 s cells")
+    parser.add_argument(
+        "--shipped-budgets",
+        type=ints,
+        default=None,
+        help="run these budgets (ms) also with the queue and batch scripts/serve.sh ships for this host, from the "
+        "throughput tooling/latency_budget.py ships (default: every budget; '' for none)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 loads, 2 timeouts, 0.5 s warm-up + 1.5 s cells, shipped: the default budget only",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.multiples, args.timeouts, args.seconds, args.saturation_seconds = [0.5, 2.0], [0.3, 1.0], 1.5, 3.0
-        args.litserve_timeouts = [1.0]
+        args.warmup_s, args.litserve_timeouts = 0.5, [1.0]
+        if args.shipped_budgets is None:
+            args.shipped_budgets = [DEFAULT_BUDGET_MS]
+    budgets = [round(1000 * t) for t in args.timeouts]
+    shipped_budgets = budgets if args.shipped_budgets is None else args.shipped_budgets
+    if not set(shipped_budgets) <= set(budgets):
+        parser.error(f"--shipped-budgets must be among the budgets the timeouts give: {budgets}")
     progress = print
     load_before = os.getloadavg()
     started = time.time()
@@ -202,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         store = workdir / "store"
         pack_archive(model_dir, MODEL, store, options)
         texts = build_corpus(200)
-        budgets = [round(1000 * t) for t in args.timeouts]
+        host_cores = nproc()
         cells: list[dict] = []
         saturation = workers = 0
         saturation_after: dict = {}
@@ -225,16 +258,21 @@ def main(argv: list[str] | None = None) -> int:
                     progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop); "
                              f"CPU cores: workers {saturation_cpu['workers']:.2f}, "
                              f"frontend {saturation_cpu['frontend']:.2f}")  # fmt: skip
-                    plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes)[1:]
+                    if workers != host_cores:
+                        progress(f"note: {workers} workers, where scripts/serve.sh would start {host_cores} (nproc): "
+                                 "the shipped setups' queues are derived for serve.sh's count")  # fmt: skip
+                    plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes,
+                                   shipped_budgets, units=host_cores)[1:]  # fmt: skip
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
-                                   args.seconds, DEFAULT_BUDGET_MS, progress)  # fmt: skip
+                                   args.seconds, DEFAULT_BUDGET_MS, progress, args.warmup_s)  # fmt: skip
             finally:
                 server.stop()
             index += 1
         saturation_after = saturation_again(workdir / "server-end", store, texts, args.saturation_seconds, progress)
         if args.litserve_python:
             cells += litserve_cells(args.litserve_python, model_dir, options, workers, texts, saturation,
-                                    args.multiples, args.litserve_timeouts, args.seconds, progress)  # fmt: skip
+                                    args.multiples, args.litserve_timeouts, args.seconds, args.warmup_s,
+                                    progress)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {
@@ -250,6 +288,18 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": BATCH_SIZE,
         "max_batch_delay_ms": MAX_BATCH_DELAY_MS,
         "default_budget_ms": DEFAULT_BUDGET_MS,
+        # Each cell's arrivals: the warm-up, then the window its client figures count (cells' window_s).
+        "warmup_s": args.warmup_s,
+        "window_seconds": args.seconds,
+        # What scripts/serve.sh passes scripts/latency_budget.py on this host (the "as serve.sh ships" setups).
+        "shipped": {
+            "device": "cpu",
+            "units": host_cores,
+            "workers": host_cores,
+            "batch_size": BATCH_SIZE,
+            "throughput_rps": machine_throughput("cpu", host_cores),
+            "budgets_ms": shipped_budgets,
+        },
         "cells": cells,
     }
     targets = evaluate(cells, DEFAULT_BUDGET_MS)
@@ -262,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
              f"{saturation_cpu.get('workers', math.nan):.2f}, "
              f"frontend {saturation_cpu.get('frontend', math.nan):.2f}")  # fmt: skip
     per_core = saturation / saturation_cpu["workers"] if saturation_cpu.get("workers") else math.nan
-    lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *table(cells, per_core), "",
-             "Targets:", "", *targets_table(targets), ""]  # fmt: skip
+    lines = [f"# Overload: {title}", "", f"Command: `{report['command']}`", "", *legend(cells), "",
+             *table(cells, per_core), "", "Targets (the p99 target: the p99 admitted column):", "",
+             *targets_table(targets), ""]  # fmt: skip
     (args.out / "overload.md").write_text("\n".join(lines))
     plot(cells, saturation, args.out / "overload.png", title)
     print("\n".join(lines))

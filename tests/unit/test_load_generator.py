@@ -16,9 +16,16 @@ import pytest
 from aiohttp import web
 
 from tooling.bench.answers import AnswerCheck
-from tooling.bench.http_client import Endpoint, header_lines
-from tooling.bench.loadgen import closed_loop
-from tooling.bench.openloop import open_loop, open_loop_payloads
+from tooling.bench.http_client import Endpoint, Pool, header_lines
+from tooling.bench.loadgen import closed_loop, percentile_ms
+from tooling.bench.openloop import (
+    OpenLoopResult,
+    Outcome,
+    open_loop,
+    open_loop_payloads,
+    percentile_or_beyond_ms,
+    schedule_for,
+)
 from tooling.torchserve import free_port
 
 TEXTS = ["short", "a somewhat longer text, with punctuation", "é ünïcode ✓", "x" * 5000]
@@ -165,7 +172,7 @@ def test_the_open_loop_sends_each_payload_with_its_headers_and_its_deadline():
     # A payload's own Content-Type wins over the run's, once; the run's other headers ride along.
     assert {(body, kind) for body, kind, _, _ in seen} == {(TEXTS[0], "application/json"), (TEXTS[1], "text/plain")}
     assert all(auth == "Bearer t" for *_, auth in seen)
-    # Each request's deadline: its send time plus the client's timeout.
+    # Each request's deadline: its scheduled send time plus the client's timeout.
     assert all(sent_ms + 5000 - 50 <= int(d) <= sent_ms + 5000 + 1000 for _, _, d, _ in seen)
 
 
@@ -200,3 +207,143 @@ def test_the_open_loop_counts_refusals_by_status_and_type_and_dropped_requests_a
     summary = result.summary()
     assert summary["refused"] == {"503 ServiceUnavailableException": 10}
     assert summary["connection_errors"] == 10 and summary["answered_in_time"] == 30
+
+
+def bounded_queue(service_s: float, room: int) -> Callable[[int, str, web.Request], object]:
+    """A server that computes one request at a time, `service_s` each (first come, first served), and holds at most
+    `room` requests: one more is refused at once, 503 ServiceUnavailableException and its connection closed, as
+    TorchServe's frontend refuses when its queue is full."""
+    state = {"in_system": 0, "lock": None}
+
+    async def serve(body: str) -> web.Response:
+        if state["lock"] is None:
+            state["lock"] = asyncio.Lock()  # in the server's own event loop
+        try:
+            async with state["lock"]:
+                await asyncio.sleep(service_s)
+            return answer_of(body)
+        finally:
+            state["in_system"] -= 1
+
+    def answer(n: int, body: str, request: web.Request):
+        if state["in_system"] >= room:
+            refused = web.json_response({"code": 503, "type": "ServiceUnavailableException"}, status=503)
+            refused.force_close()
+            return refused
+        state["in_system"] += 1
+        return serve(body)
+
+    return answer
+
+
+def test_goodput_counts_the_requests_scheduled_in_the_window_not_the_queue_answered_after_the_arrivals_stop():
+    # At most 100 answers a second (10 ms each, one at a time) and room for 20; 3x that offered for a 0.3 s warm-up
+    # and a 0.6 s window. The whole schedule's answers over its length also count the 20 still queued when the
+    # arrivals stop (answered afterwards): more than the server can do. The window's cannot exceed it.
+    with serving(bounded_queue(0.010, 20)) as (url, server):
+        result = open_loop(url, {"Content-Type": "text/plain"}, TEXTS, rate=300, seconds=0.6, timeout_s=1.0,
+                           warmup_s=0.3)  # fmt: skip
+    summary = result.summary()
+    assert summary["window_s"] == pytest.approx([0.3, 0.9]) and summary["offered"] == 180 and result.offered == 270
+    assert summary["offered_rps"] == pytest.approx(300)
+    assert summary["answered_in_time"] > 30 and summary["goodput_rps"] <= 105, summary
+    whole = summary["whole_schedule"]
+    assert whole["answered_in_time"] == server.statuses[200] and whole["offered"] == 270
+    assert whole["goodput_rps"] >= summary["goodput_rps"] + 10, (whole, summary)  # the queue's 20 over 0.9 s: 22/s
+    # Most were refused at the door, at once: every request's p99 lies beyond the timeout, the admitted ones' does
+    # not (each waited at most the 20 ahead of it), and the refusals' own latency shows they were fast.
+    assert summary["all_p99_ms"] is None and summary["all_p99_beyond_timeout"]
+    assert summary["admitted"] == summary["answered_in_time"] and summary["admitted_p99_ms"] < 1000
+    assert summary["refused"] == {"503 ServiceUnavailableException": summary["refused_total"]}
+    assert summary["refusal_p50_ms"] < 50, summary
+
+
+def test_a_stalled_generator_hides_no_latency_its_timeouts_and_deadlines_run_from_the_schedule(monkeypatch):
+    # The generator's event loop blocks for 0.3 s on its first request (as a busy load generator would): the
+    # requests scheduled meanwhile go out late, or not at all once their timeout (0.2 s) has passed. The server
+    # answers each after 80 ms.
+    original, stalled = Pool.post, []
+
+    async def stalling_post(self, body: bytes, headers: bytes = b""):
+        if not stalled:
+            stalled.append(True)
+            time.sleep(0.3)
+        return await original(self, body, headers)
+
+    monkeypatch.setattr(Pool, "post", stalling_post)
+    deadlines: dict[int, int] = {}
+
+    def record(n: int, body: str, request: web.Request):
+        deadlines[int(body)] = int(request.headers["X-Request-Deadline"])
+        return asyncio.sleep(0.08, web.json_response({}))
+
+    payloads = [(str(i).encode(), {}) for i in range(40)]
+    with serving(record) as (url, _):
+        result = open_loop_payloads(url, {"Content-Type": "text/plain"}, payloads, rate=100, seconds=0.4,
+                                    timeout_s=0.2, deadline=True)  # fmt: skip
+    summary = result.summary()
+    by_index = {o.index: o for o in result.outcomes}
+    # Request i was scheduled at 10 i ms and the loop came back at about 300 ms. Those sent 200 ms late or more were
+    # past their timeout: never sent. Those sent 140-180 ms late were sent, and given up 200 ms after their
+    # scheduled time, before their answer (80 ms after the send). Those sent 60-90 ms late were answered.
+    assert all(by_index[i].status == 0 and not by_index[i].sent for i in range(1, 8)), by_index
+    assert not set(range(1, 8)) & set(deadlines)
+    assert all(by_index[i].status == 0 for i in range(13, 17)) and {13, 14, 15, 16} <= set(deadlines)
+    late = [by_index[i] for i in range(21, 25)]
+    assert all(o.status == 200 and o.lag > 0.05 for o in late), late
+    # Latency runs from the scheduled time: never less than the lag, and the answered ones' lag plus the 80 ms.
+    assert all(o.seconds >= o.lag for o in result.outcomes)
+    assert all(o.seconds >= o.lag + 0.075 for o in late) and max(o.seconds for o in late) > 0.13
+    # The deadline is the scheduled time plus the timeout: 10 ms apart whatever the send time.
+    for i in range(13, 40):
+        assert abs((deadlines[i] - deadlines[39]) - 10 * (i - 39)) <= 1, (i, deadlines)
+    # The lag is reported, and the cell flagged: a p99 lag of a tenth of the timeout or more.
+    assert summary["send_lag_max_ms"] >= 250 and summary["send_lag_p99_ms"] >= 20 and summary["send_lag_unreliable"]
+    assert summary["gave_up"] >= 12 and summary["sent_rps"] < summary["offered_rps"] == pytest.approx(100)
+
+
+def _outcome(i: int, status: int, seconds: float, refusal: str = "", lag: float = 0.001) -> Outcome:
+    return Outcome(i, status, seconds, sent_at=i / 100 + lag, scheduled_at=i / 100, refusal=refusal)
+
+
+def test_percentiles_count_every_request_scheduled_in_the_window_those_not_answered_in_time_as_beyond():
+    # One request in a hundred never answered puts the p99 beyond the timeout; without any, it is percentile_ms's.
+    assert percentile_or_beyond_ms([0.1] * 99, 100, 99) is None
+    assert percentile_or_beyond_ms([0.1] * 995, 1000, 99) == pytest.approx(100.0)
+    spread = [0.001 * k for k in range(1, 201)]
+    assert percentile_or_beyond_ms(spread, 200, 99) == pytest.approx(percentile_ms(spread, 99))
+    assert percentile_or_beyond_ms([0.1] * 40, 100, 50) is None
+    # 100 requests 10 ms apart, the window 0.25-1 s: 25 answered in the warm-up are not counted.
+    outcomes = [_outcome(i, 200, 0.05) for i in range(25)]
+    outcomes += [_outcome(i, 200, 0.05 + i / 10_000) for i in range(25, 95)]
+    outcomes += [_outcome(i, 503, 0.002, "503 ServiceUnavailableException") for i in range(95, 100)]
+    result = OpenLoopResult(offered=100, seconds=1.0, timeout_s=0.3, window=(0.25, 1.0), rate=100.0,
+                            outcomes=outcomes)  # fmt: skip
+    summary = result.summary()
+    assert (summary["offered"], summary["answered_in_time"]) == (75, 70)
+    assert summary["goodput_rps"] == pytest.approx(70 / 0.75) and summary["whole_schedule"]["answered_in_time"] == 95
+    assert summary["p99_ms"] < 300 and summary["all_p50_ms"] < 300
+    assert summary["all_p99_ms"] is None and summary["all_p99_beyond_timeout"]  # 5 of 75 refused
+    # Refused at the door is not admitted: the admitted were all answered in time, and their p99 is the 200s'.
+    assert summary["admitted"] == 70 and summary["admitted_p99_ms"] == pytest.approx(summary["p99_ms"])
+    assert summary["refusal_p50_ms"] == pytest.approx(2.0) and not summary["send_lag_unreliable"]
+    # An admitted request refused late (it would have missed its deadline), or given up, counts as beyond the timeout.
+    outcomes[60] = _outcome(60, 503, 0.25, "503 DeadlineExceeded")
+    late = OpenLoopResult(offered=100, seconds=1.0, timeout_s=0.3, window=(0.25, 1.0), outcomes=outcomes).summary()
+    assert late["admitted"] == 70 and late["admitted_p99_ms"] is None and late["admitted_p99_beyond_timeout"]
+    assert late["refused"] == {"503 ServiceUnavailableException": 5, "503 DeadlineExceeded": 1}
+    outcomes[60] = _outcome(60, 0, 0.3)
+    gave_up = OpenLoopResult(offered=100, seconds=1.0, timeout_s=0.3, window=(0.25, 1.0), outcomes=outcomes).summary()
+    assert gave_up["gave_up"] == 1 and gave_up["admitted_p99_ms"] is None
+    # Two requests in the window sent 50 ms late: the p99 lag reaches a tenth of the 300 ms timeout.
+    outcomes[70], outcomes[80] = _outcome(70, 200, 0.1, lag=0.05), _outcome(80, 200, 0.1, lag=0.05)
+    lagged = OpenLoopResult(offered=100, seconds=1.0, timeout_s=0.3, window=(0.25, 1.0), outcomes=outcomes).summary()
+    assert lagged["send_lag_max_ms"] == pytest.approx(50) and lagged["send_lag_unreliable"]
+
+
+def test_poisson_arrivals_span_the_whole_schedule_and_constant_ones_keep_their_count():
+    assert schedule_for(200, 0.2, "constant") == [i / 200 for i in range(40)]
+    for seed in range(20):
+        times = schedule_for(50, 4.0, "poisson", seed)
+        # Drawn until the schedule's end, not for a fixed count: the last arrival is near the end, never past it.
+        assert times == sorted(times) and times[-1] < 4.0 and 4.0 - times[-1] < 0.3

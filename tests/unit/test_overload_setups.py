@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from tooling.bench.overload import TODAY_QUEUE, cells_for, setups
-from tooling.bench.overload_report import evaluate, table
+import re
+
+import pytest
+
+from scripts import latency_budget, overload
+from tooling.bench.overload import TODAY_QUEUE, cells_for, setups, shipped_setup, work_figures
+from tooling.bench.overload_report import evaluate, legend, table, targets_table
 from tooling.latency_budget import admission, queue_size
+from tooling.paths import REPO
 
 
 def test_each_budget_runs_with_the_batch_and_queue_it_gives_and_comparisons_keep_their_own_batch():
@@ -27,7 +33,8 @@ def test_each_budget_runs_with_the_batch_and_queue_it_gives_and_comparisons_keep
 def _cell(setup: str, comparison: bool, goodput: float) -> dict:
     return {"server": "torchserve", "setup": setup, "budget_ms": 300, "timeout_s": 0.3, "arrivals": "constant",
             "multiple": 2.0, "goodput_share": goodput, "wasted_share": 0.0, "p99_ms": 200.0,
-            "deadline_header": True, "comparison": comparison, "refused_total": 0}  # fmt: skip
+            "admitted_p99_ms": 250.0, "deadline_header": True, "comparison": comparison,
+            "refused_total": 0}  # fmt: skip
 
 
 def test_only_the_setups_the_product_derives_are_judged_against_the_targets():
@@ -82,3 +89,104 @@ def test_the_table_shows_where_the_cpu_went_and_the_goodput_per_worker_core_agai
     assert row.rstrip(" |").endswith("| 1.00 / 0.45 / 0.40 | 100"), row
     # Without a reference (or a cell without the split, LitServe's) the column says so rather than guessing.
     assert table([cell])[2].rstrip(" |").endswith("| –"), table([cell])[2]
+
+
+# ---- what the shipped defaults do: the setups derived as scripts/serve.sh derives them ---------------------------
+
+
+@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize("budget", [300, 1000, 2000])
+def test_the_shipped_setup_is_the_queue_and_batch_serve_sh_registers_on_a_cpu_host(capsys, cores, budget):
+    # What serve.sh evaluates on a CPU host of `cores` cores with LATENCY_BUDGET_MS=budget and no THROUGHPUT_RPS.
+    assert latency_budget.main(["--device", "cpu", "--units", str(cores), "--workers", str(cores),
+                                "--batch-size", "8", "--budget-ms", str(budget)]) == 0  # fmt: skip
+    printed = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
+    shipped = shipped_setup(budget, cores, overload.BATCH_SIZE)
+    assert (shipped.job_queue_size, shipped.batch_size) == (int(printed["JOB_QUEUE_SIZE"]), int(printed["BATCH_SIZE"]))
+    assert shipped.throughput_rps == float(printed["THROUGHPUT_RPS"]) and shipped.budget_ms == budget
+    assert shipped.label == f"budget {budget} ms, as serve.sh ships" and shipped.shipped and not shipped.comparison
+
+
+def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pass():
+    """A tripwire: the shipped setups pass --device cpu --units $(nproc) --workers $(nproc) --batch-size 8 and no
+    --throughput-rps, as serve.sh does on CPU; if serve.sh changes that, tooling/bench/overload.py must follow."""
+    serve = (REPO / "scripts" / "serve.sh").read_text()
+    assert "BATCH_SIZE=${BATCH_SIZE:-8}" in serve and "WORKERS=${WORKERS:-$(nproc)}" in serve
+    assert 'UNITS=$([ "$DEVICE" = gpu ] && echo "$GPUS" || nproc)' in serve
+    call = re.search(r"scripts\.latency_budget (.*?)\)\"\)", serve, re.S)
+    assert call is not None, "serve.sh no longer evaluates scripts.latency_budget"
+    assert '--device "$DEVICE" --units "$UNITS" --workers "$WORKERS"' in call.group(1)
+    assert '--batch-size "$BATCH_SIZE"' in call.group(1)
+    assert "${THROUGHPUT_RPS:+--throughput-rps" in call.group(1)  # only when the operator sets it
+    assert overload.BATCH_SIZE == 8 and overload.nproc() >= 1
+
+
+def test_each_budget_is_also_run_as_serve_sh_ships_it_with_deadlines_and_judged():
+    plan = setups(144.0, [300, 1000, 2000], workers=2, batch_size=8, shipped_budgets_ms=[300, 1000, 2000], units=2)
+    labels = [s.label for s in plan]
+    shipped_after_each = [f"budget {b} ms{suffix}" for b in (300, 1000, 2000) for suffix in ("", ", as serve.sh ships")]
+    assert labels == ["today", *shipped_after_each]
+    by_label = {s.label: s for s in plan}
+    # The measured setups from the saturation measured here, the shipped ones from 90 req/s per core.
+    assert by_label["budget 1000 ms"].job_queue_size == admission(1000, 144.0, 2, 8).job_queue_size
+    assert by_label["budget 1000 ms, as serve.sh ships"].job_queue_size == admission(1000, 180.0, 2, 8).job_queue_size
+    assert by_label["budget 1000 ms"].throughput_rps == 144.0
+    assert by_label["budget 1000 ms, as serve.sh ships"].throughput_rps == 180.0
+    shipped = by_label["budget 1000 ms, as serve.sh ships"]
+    groups = cells_for(shipped, [0.3, 1.0, 2.0], [0.5, 2.0], 1000)
+    # Clients that send their deadline (as the shipped product expects), at the matching timeout and, for the
+    # default budget, the longer one; no "no deadline" contrast (the measured setup has it).
+    assert [(t, deadline, arrivals) for t, deadline, arrivals, _ in groups] == [
+        (1.0, True, "constant"), (1.0, True, "poisson"), (2.0, True, "constant"), (2.0, True, "poisson"),
+    ]  # fmt: skip
+    cell = {**_cell("budget 1000 ms, as serve.sh ships", False, 0.95), "budget_ms": 1000, "timeout_s": 1.0}
+    assert evaluate([cell], 1000), "the shipped setups are the product's: judged"
+    # Without --shipped-budgets nothing changes, and asking for them without the host's cores is an error.
+    assert [s.label for s in setups(144.0, [1000], 2, 8)] == ["today", "budget 1000 ms"]
+    with pytest.raises(ValueError):
+        setups(144.0, [1000], 2, 8, shipped_budgets_ms=[1000])
+
+
+# ---- the targets and the table read the window's figures ----------------------------------------------------------
+
+
+def test_the_p99_target_judges_every_admitted_request_so_late_ones_make_it_fail():
+    # The 200s' p99 (290 ms) is within the 300 ms budget, as it always is with 300 ms clients: what is judged is
+    # the p99 of every admitted request, the late ones (given up, refused late) counting as beyond the timeout.
+    late = {**_cell("budget 300 ms", False, 0.95), "p99_ms": 290.0, "admitted_p99_ms": None}
+    timely = {**_cell("budget 300 ms", False, 0.95), "p99_ms": 290.0, "admitted_p99_ms": 280.0}
+    older = {k: v for k, v in _cell("budget 300 ms", False, 0.95).items() if k != "admitted_p99_ms"}
+    p99 = [next(r for r in evaluate([c], 1000) if "p99" in r["target"]) for c in (late, timely, older)]
+    assert [r["met"] for r in p99] == [False, True, None]
+    assert all("p99 of the admitted" in r["target"] for r in p99)
+    shown = targets_table(p99)
+    assert "| > 300 ms (timeout) | **no** |" in shown[2] and "| 280.00 | yes |" in shown[3], shown
+    assert "not measured" in shown[4], shown  # a run from before the figure: never judged as met
+
+
+def test_the_table_shows_percentiles_beyond_the_timeout_the_refusals_latency_and_flags_a_lagging_generator():
+    cell = {**_cell("budget 300 ms", False, 0.7), "job_queue_size": 6, "batch_size": 4, "offered_rps": 400.0,
+            "sent_rps": 380.0, "goodput_rps": 70.0, "refused": {"503 ServiceUnavailableException": 900},
+            "gave_up": 3, "p50_ms": 150.0, "all_p50_ms": None, "all_p99_ms": None, "admitted_p99_ms": 290.0,
+            "refusal_p50_ms": 2.0, "refusal_p99_ms": 9.0, "send_lag_p99_ms": 45.0, "send_lag_max_ms": 120.0,
+            "send_lag_unreliable": True, "computed": 280.0, "wasted": 0.0, "workers_cpu_cores": 1.0,
+            "frontend_cpu_cores": 0.45, "client_cpu_fraction": 0.4, "window_s": [1.0, 5.0]}  # fmt: skip
+    row = table([cell])[2]
+    assert "| 6; 4 |" in row and "| 400 (380) |" in row
+    assert "| 150 / 200 | > 300 / > 300 | 290 | 2 / 9 | ⚠ 45 / 120 |" in row, row
+    assert row.startswith("| ⚠ torchserve, budget 300 ms |"), row
+    quiet = {**cell, "send_lag_unreliable": False}
+    assert "⚠" not in table([quiet])[2]
+    rows = evaluate([cell], 1000)
+    assert rows and all(r.get("unreliable") for r in rows)
+    assert all("⚠ send lag: unreliable" in line for line in targets_table(rows)[2:])
+    assert "(1–5 s after each cell's first arrival)" in legend([cell])[0]
+
+
+def test_work_computed_for_nobody_is_held_to_the_whole_cells_answers_not_the_windows():
+    # The handler computed 400 items over the whole cell and the client received 400 answers in time, of which
+    # 300 were scheduled in the window: nothing was computed for nobody.
+    summary = {"answered_in_time": 300, "whole_schedule": {"answered_in_time": 400}}
+    figures = work_figures(summary, handed=420.0, refused_by_handler=20.0)
+    assert figures == {"handed_to_handler": 420.0, "computed": 400.0, "wasted": 0.0, "wasted_share": 0.0}
+    assert work_figures(summary, handed=500.0, refused_by_handler=0.0)["wasted"] == 100.0
