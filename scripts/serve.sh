@@ -55,12 +55,17 @@ print(cause(open(sys.argv[1], errors="replace").read()) or "")' logs/model_log.l
 }
 
 key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.json'))[sys.argv[1]][sys.argv[2]])" "$1" "${2:-key}"; }
+# The Authorization header for an API's key, for curl to read from a pipe: `curl -H @<(auth inference)`.
+# A key is never on a command line, where every local user can read it (ps, /proc/PID/cmdline) for as
+# long as the command runs (the synchronous registration: the whole model load). printf is a bash
+# builtin: no process gets the key as an argument.
+auth() { printf 'Authorization: Bearer %s\n' "$(key "$1")"; }
 # /ping with the inference key: its body, then its status on the last line (000 when nothing answers).
 # 400 InvalidKeyException once TorchServe's keys have expired (token_expiration_min, 60 minutes after
 # they were issued); 500 while a model has fewer healthy workers than its minimum.
 ping_answer() {
   if [ -f key_file.json ]; then
-    curl -s -w '\n%{http_code}' -H "Authorization: Bearer $(key inference)" "$INFERENCE/ping" 2>/dev/null || true
+    curl -s -w '\n%{http_code}' -H @<(auth inference) "$INFERENCE/ping" 2>/dev/null || true
   else
     printf '\n000'
   fi
@@ -81,19 +86,22 @@ elif [ "${answer##*$'\n'}" != 000 ]; then
   echo "==> TorchServe is already running (/ping: HTTP ${answer##*$'\n'}; the model's workers say why below)"
 else
   echo "==> starting TorchServe (logs in logs/)"
-  .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store >logs/console.log 2>&1
+  # runtime_env.sh set the umask and dropped the variables that would override this configuration.
+  # log4j2.xml is TorchServe's own logging with the access log's query strings redacted (TorchServe
+  # would also find it on its class path, which begins with the directory it starts in: named, it is
+  # the one whatever that directory holds).
+  .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store \
+    --log-config log4j2.xml >logs/console.log 2>&1
   for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] && break; sleep 1; done
   [ "$(ping_status)" = 200 ] || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
 fi
-MKEY=$(key management)
-IKEY=$(key inference)
 
-if curl -fsS -o /dev/null -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
+if curl -fsS -o /dev/null -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
   echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
   echo "    latency budget ${LATENCY_BUDGET_MS} ms at ${THROUGHPUT_RPS} req/s: job_queue_size=$JOB_QUEUE_SIZE"
-  answer=$(curl -sS -w '\n%{http_code}' -X POST -H "Authorization: Bearer $MKEY" \
+  answer=$(curl -sS -w '\n%{http_code}' -X POST -H @<(auth management) \
     "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true")
   if [ "${answer##*$'\n'}" != 200 ]; then
     echo "registering $MODEL_NAME failed (HTTP ${answer##*$'\n'}): $(echo "${answer%$'\n'*}" | tr -s ' \n' ' ')" >&2
@@ -104,17 +112,20 @@ else
 fi
 
 for _ in $(seq 1 120); do
-  curl -fsS -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' && break
+  curl -fsS -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' && break
   sleep 1
 done
-curl -fsS -H "Authorization: Bearer $MKEY" "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
+curl -fsS -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
   || { echo "$MODEL_NAME has no ready worker" >&2; explain_load_failure; exit 1; }
 
+# What to paste reads the key from key_file.json rather than showing it: this output lands in logs and,
+# under systemd, in the journal. The key reaches curl through a pipe, never its command line (see auth).
 cat <<MSG
 
 Ready. Try:
-  curl -H "Authorization: Bearer $IKEY" $INFERENCE/predictions/$MODEL_NAME -T review.txt
-  curl -H "Authorization: Bearer $IKEY" -H "Content-Type: application/json" -d '{"text": "The staff were rude and the room was dirty."}' $INFERENCE/predictions/$MODEL_NAME
+  KEY=\$(python3 -c "import json; print(json.load(open('key_file.json'))['inference']['key'])")
+  curl -H @<(echo "Authorization: Bearer \$KEY") $INFERENCE/predictions/$MODEL_NAME -T review.txt
+  curl -H @<(echo "Authorization: Bearer \$KEY") -H "Content-Type: application/json" -d '{"text": "The staff were rude and the room was dirty."}' $INFERENCE/predictions/$MODEL_NAME
 Metrics: curl $METRICS/metrics        Stop: scripts/stop.sh
 Keys expire $(key inference "expiration time"): .venv/bin/python -m scripts.rotate_keys issues new ones
 MSG

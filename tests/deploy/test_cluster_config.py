@@ -38,8 +38,10 @@ def test_nothing_in_the_configuration_can_turn_an_envelope_on():
 
 
 def test_neither_configuration_turns_torchserves_open_inference_mode_on():
-    # Its gRPC ModelInfer, answered by this handler, made the frontend drop the worker (docs/calling.md); the mode
-    # is read from the property alone while enable_envvars_config is false (TS_OPEN_INFERENCE_PROTOCOL is ignored).
+    # Its gRPC ModelInfer, answered by this handler, made the frontend drop the worker (docs/calling.md). TorchServe
+    # 0.12 reads the mode from the property, and from TS_OPEN_INFERENCE_PROTOCOL whatever enable_envvars_config says
+    # (ConfigManager.isOpenInferenceProtocol, System.getenv, "oip" wins): the launchers drop that variable
+    # (tests/unit/test_server_environment.py, tests/e2e/test_serve_sh.py, tests/e2e/test_graceful_stop.py).
     for properties in (read_properties(SERVER_CONFIG), cluster_config.cluster_properties()):
         assert "ts_open_inference_protocol" not in properties
         assert properties.get("enable_envvars_config", "false") == "false"

@@ -269,6 +269,32 @@ def test_the_image_user_is_the_one_the_manifests_require():
     assert RUNTIME_CONTAINER["securityContext"]["runAsUser"] == uid
 
 
+def test_every_launcher_starts_torchserve_with_umask_077_and_without_the_variables_that_replace_its_configuration():
+    """The image's entry command, tooling/torchserve.py (tests, benchmark, fleet) and scripts/serve.sh (through
+    runtime_env.sh) agree; each is run for real in tests/e2e (test_graceful_stop, test_service, test_serve_sh)."""
+    from tooling.torchserve import IGNORED_VARIABLES, SERVER_UMASK
+
+    stop = _graceful_stop()
+    assert stop["SERVER_UMASK"] == SERVER_UMASK == 0o077
+    assert stop["IGNORED_VARIABLES"] == IGNORED_VARIABLES == ("TS_CONFIG_FILE", "TS_OPEN_INFERENCE_PROTOCOL")
+    runtime_env = (REPO / "scripts" / "runtime_env.sh").read_text().splitlines()
+    assert "umask 077" in runtime_env
+    assert f"unset {' '.join(IGNORED_VARIABLES)}" in runtime_env
+
+
+def test_the_image_redacts_query_strings_from_the_access_log_as_the_repositorys_logging_does():
+    """One replacement in both log4j2 configurations (the pod's writes to standard output only); each is run for real
+    (tests/e2e/test_graceful_stop.py, tests/e2e/test_reliability.py::test_request_text_never_reaches_the_logs)."""
+    import xml.etree.ElementTree as ElementTree
+
+    def message(path):
+        [prop] = ElementTree.parse(path).getroot().iter("Property")
+        return prop.get("name"), prop.text
+
+    assert message(REPO / "log4j2.xml") == message(DEPLOY / "docker" / "log4j2.xml")
+    assert message(REPO / "log4j2.xml")[1].startswith("%replace{%m}")
+
+
 # ---- GPU, autoscaling, selectors ------------------------------------------------------------------
 
 

@@ -62,6 +62,13 @@ def test_the_service_runs_the_scripts_of_its_checkout_and_follows_torchserve_by_
     assert keys["Unit"]["Requisite"] == SERVICE and keys["Service"]["User"] == service["User"]
 
 
+def test_both_services_create_files_for_their_user_alone():
+    """TorchServe creates key_file.json with mode 0666 less the umask and narrows it to 0600 only after writing the
+    keys: under systemd's default umask (0022) another local user could open it in between and read every later key."""
+    for name in (SERVICE, KEYS):
+        assert unit(name)["Service"]["UMask"] == "0077", name
+
+
 def test_the_timer_issues_keys_before_the_servers_expire():
     """A key is issued at a start or by the timer; the timer fires again within its interval of its last run,
     so no key is older than the interval when it is replaced: less than the keys' lifetime."""

@@ -1,0 +1,190 @@
+"""scripts/serve.sh (README command 1) run for real, in a copy of the checkout on ports of its own: what it prints,
+what it puts on command lines, and the TorchServe it starts.
+
+The copy holds what serve.sh runs (scripts/, tooling/, config.properties with free loopback ports, metrics.yaml,
+log4j2.xml, review.txt, the repository's .venv linked) and a tiny archive as its model. Its set-up step is a no-op:
+set-up is not what is tested here, and the .venv and the archive are ready. serve.sh runs under umask 022 (a
+login shell's usual one) with TS_CONFIG_FILE and TS_OPEN_INFERENCE_PROTOCOL set, as a user's environment could
+have them. Every curl it runs goes through a shim on PATH that records its arguments, then runs the real curl: a
+key in them would be readable by every local user (ps, /proc/PID/cmdline). The module stops the server with the
+copy's scripts/stop.sh, then kills whatever of serve.sh's process group is left, by that group's id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from tests.support import umask_of
+from tooling.paths import LOG_CONFIG, METRICS_CONFIG, REPO, REVIEW, SERVER_CONFIG
+from tooling.processes import process_record, stop_recorded
+from tooling.torchserve import ADDRESS_KEYS, IGNORED_VARIABLES, free_port
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "serve-sh-tiny"
+MARKER = "QUERY-MARKER-5d1f0b"
+KEY_NAMES = ("inference", "management", "API")
+
+
+def shim(directory: Path, name: str, real: str, log: Path) -> None:
+    """`name` on a PATH through `directory`: appends its arguments to `log`, one call a line, then runs `real`."""
+    path = directory / name
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "{name} $*" >>{shlex.quote(str(log))}\nexec {shlex.quote(real)} "$@"\n')
+    path.chmod(0o755)
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@dataclass
+class Served:
+    checkout: Path
+    output: str  # serve.sh's standard output and error
+    curl_calls: list[str]  # the arguments of every curl it ran
+    keys: dict[str, str]
+    java: psutil.Process  # the Java frontend, named by TorchServe's pid file
+    inference_url: str
+
+
+def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
+    """A copy of what serve.sh runs, with free ports; (its folder, its inference URL)."""
+    checkout = root / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=ignore)
+    shutil.copytree(REPO / "tooling", checkout / "tooling", ignore=ignore)
+    for path in (METRICS_CONFIG, LOG_CONFIG, REVIEW):
+        shutil.copy(path, checkout / path.name)
+    (checkout / ".venv").symlink_to(REPO / ".venv")
+    (checkout / "model_store").mkdir()
+    shutil.copy(archive, checkout / "model_store" / archive.name)
+    setup = checkout / "scripts" / "setup.sh"
+    setup.write_text("#!/usr/bin/env bash\n# Not under test here: the repository's .venv and the test's archive.\n")
+    setup.chmod(0o755)
+    ports = {key: free_port() for key in ADDRESS_KEYS}
+    config = SERVER_CONFIG.read_text()
+    for key, port in ports.items():
+        value = f"http://127.0.0.1:{port}" if key.endswith("_address") else str(port)
+        config, found = re.subn(rf"^{key}=.*$", f"{key}={value}", config, flags=re.MULTILINE)
+        assert found == 1, key
+    (checkout / SERVER_CONFIG.name).write_text(config)
+    return checkout, f"http://127.0.0.1:{ports['inference_address']}"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-sh")
+    checkout, inference_url = make_checkout(root, model_store / make_archive(tiny_checkpoint, MODEL))
+    shims = root / "shims"
+    shims.mkdir()
+    curl_log = root / "curl-calls.log"
+    shim(shims, "curl", shutil.which("curl"), curl_log)
+    # A file the launchers must not let TorchServe read instead of the configuration serve.sh writes; it is the
+    # same configuration, so that a launcher that passed it on is caught by the assertions, not by a failed start.
+    planted = root / "planted.properties"
+    planted.write_text((checkout / "config.properties").read_text())
+    env = {
+        **os.environ,
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "BERT_DEVICE": "cpu",
+        "WORKERS": "1",
+        "MODEL_NAME": MODEL,
+        "TS_CONFIG_FILE": str(planted),
+        "TS_OPEN_INFERENCE_PROTOCOL": "oip",
+    }
+    script = subprocess.Popen(
+        ["bash", "scripts/serve.sh"], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # serve.sh's group holds the TorchServe it starts: stopped by that group's id below
+        umask=0o022,
+    )  # fmt: skip
+    group = process_record(script.pid)
+    try:
+        output, _ = script.communicate(timeout=240)  # under pytest's 300 s: a hang fails here, named
+        assert script.returncode == 0, output
+        java = psutil.Process(int((checkout / "logs" / "tmp" / ".model_server.pid").read_text()))
+        keys = {name: entry["key"] for name, entry in json.loads((checkout / "key_file.json").read_text()).items()}
+        assert set(keys) == set(KEY_NAMES)
+        yield Served(checkout, output, calls(curl_log), keys, java, inference_url)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=checkout, env=env, capture_output=True, timeout=120)
+        # serve.sh's process group: its TorchServe, should stop.sh have left anything of it.
+        stop_recorded(group, group=True)
+        assert stop.returncode == 0, stop.stderr
+
+
+def test_serve_sh_puts_no_key_on_a_command_line_and_prints_none(served):
+    assert any("/ping" in call for call in served.curl_calls), served.curl_calls
+    [registration] = [call for call in served.curl_calls if "/models?url=" in call]
+    assert "-H @/dev/fd/" in registration  # the header read from a pipe
+    for name, key in served.keys.items():
+        assert not [call for call in served.curl_calls if key in call], f"the {name} key on curl's command line"
+        assert key not in served.output, f"serve.sh printed the {name} key"
+
+
+def test_the_commands_serve_sh_prints_answer_with_no_key_on_a_command_line(served, tmp_path):
+    """Run as printed, in the checkout, by bash with nothing on PATH but a recording curl and python3: any other
+    program they ran would be missing, and the answer with it."""
+    printed = served.output.split("Ready. Try:\n", 1)[1].split("\nMetrics:", 1)[0]
+    lines = [line.removeprefix("  ") for line in printed.splitlines()]
+    assert lines[0].startswith("KEY=") and len(lines) == 3, printed
+    log = tmp_path / "calls.log"
+    shim(tmp_path, "curl", shutil.which("curl"), log)
+    shim(tmp_path, "python3", sys.executable, log)
+    run = subprocess.run(
+        [shutil.which("bash"), "-c", "\n".join(lines)], cwd=served.checkout, env={"PATH": str(tmp_path)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    answers, decoder, at = [], json.JSONDecoder(), 0
+    while at < len(run.stdout):
+        answer, at = decoder.raw_decode(run.stdout, at)
+        answers.append(answer)
+    assert [sorted(answer) for answer in answers] == [["label", "score", "scores", "truncated"]] * 2, run.stdout
+    made = calls(log)
+    assert [call.split()[0] for call in made] == ["python3", "curl", "curl"], made
+    assert not [call for call in made for key in served.keys.values() if key in call], made
+
+
+def test_the_server_serve_sh_starts_writes_its_key_file_and_logs_for_its_owner_alone(served):
+    assert umask_of(served.java.pid) == "0077"  # key_file.json is created 0600, never 0644 until TorchServe narrows it
+    written = [served.checkout / "key_file.json", *(served.checkout / "logs").glob("*.log")]
+    assert len(written) > 3
+    for path in written:
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is open to others: {oct(path.stat().st_mode)}"
+
+
+def test_the_server_serve_sh_starts_ignores_the_variables_that_would_replace_its_configuration(served):
+    environment = served.java.environ()
+    assert not [name for name in IGNORED_VARIABLES if name in environment]
+    command = served.java.cmdline()
+    assert command[command.index("-f") + 1] == "logs/config.properties", command
+
+
+def test_a_text_in_the_query_string_reaches_no_log(served):
+    """TorchServe hands every query parameter to the handler as an input, and its access log names the whole URI."""
+    key = {"Authorization": f"Bearer {served.keys['inference']}"}
+    form = {"Content-Type": "application/x-www-form-urlencoded", **key}
+    url = f"{served.inference_url}/predictions/{MODEL}"
+    answer = requests.post(url, params={"text": f"a review {MARKER}"}, data=b"", headers=form, timeout=60)
+    assert answer.status_code in (200, 400) and ("label" in answer.json() or "type" in answer.json()), answer.text
+    time.sleep(1)  # let the appenders flush
+    logs = {path.name: path.read_text(errors="replace") for path in (served.checkout / "logs").rglob("*.log")}
+    assert [name for name, text in logs.items() if MARKER in text] == []
+    assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {answer.status_code}' in logs["access_log.log"]
