@@ -5,13 +5,24 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import pytest
 
 DATA = Path(__file__).resolve().parent / "data"
 TEXT = "text/plain"
 JSON = "application/json"
 # The tiny model conftest.py's `shared_model` fixture registers once per session.
 SHARED_MODEL = "tiny-shared"
+
+
+def umask_of(pid: int) -> str:
+    """A running process's umask as Linux reports it ("0077"): what every file it creates is masked with."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:"))
 
 
 def pinned_versions(requirements: Path) -> dict[str, str]:
@@ -28,6 +39,79 @@ def pinned_versions(requirements: Path) -> dict[str, str]:
             assert spec.operator == "==", f"{requirements.name}: not pinned: {line}"
             pins[canonicalize_name(requirement.name)] = spec.version
     return pins
+
+
+def wait_until(
+    check: Callable[[], object], timeout: float, what: str | Callable[[], str], interval: float = 0.05
+) -> None:
+    """Poll `check` until it returns something true; fail the test naming `what` after `timeout` seconds. `what` may
+    be a callable, called then, for a message that shows the state the wait gave up on."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def metrics_once(server, model: str, at_least: Mapping[str, float], timeout: float = 30.0) -> str:
+    """/metrics once each of the handler's counters in `at_least` (name -> value) has reached its value for `model`
+    (its ModelName label): the frontend reads the worker's metric lines from the worker's log stream, apart from
+    the answers, so they may land on /metrics a moment after the responses. Fails the test, with the values
+    seen, after `timeout` seconds. The lines of one batch arrive in the order the handler writes them
+    (handlers/handler_metrics.py: bert_rejected_items_total, bert_batches_total, bert_items_total, ...), so a
+    counter reached means the ones written before it in the same batch have arrived too."""
+    from tooling.prometheus import metric_value
+
+    deadline = time.monotonic() + timeout
+    while True:
+        text = server.metrics_text()
+        seen = {name: metric_value(text, name, ModelName=model) for name in at_least}
+        if all(seen[name] >= value for name, value in at_least.items()):
+            return text
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{model}'s handler metrics did not reach {dict(at_least)} within {timeout:g}s: {seen} on /metrics"
+            )
+        time.sleep(0.05)
+
+
+def batches_received(server, model: str, version: str = "1.0") -> int:
+    """How many batches the workers of `model` (at `version`) have received so far, by their "Backend received
+    inference" lines in the server's model_log.log: written by a worker as it takes a batch off its socket, so
+    a count that grew means a batch sent since is in that worker's hands."""
+    log = server.log_dir / "model_log.log"
+    if not log.is_file():
+        return 0
+    worker = rf"W-\d+-{re.escape(model)}_{re.escape(version)}-stdout MODEL_LOG - Backend received inference"
+    return len(re.findall(worker, log.read_text(errors="replace")))
+
+
+def logs_caught_up(server, model: str, timeout: float = 30.0) -> None:
+    """Return once the server's log files hold every line its earlier requests to `model` made it write. A sentinel
+    request (an empty text: the handler refuses it and logs that, without any text) is sent after them. The frontend
+    reads a worker's output line by line and writes each line to every log file before the next, so once the
+    sentinel's refusal is in model_log.log every earlier worker line is written; once its access-log line is in
+    access_log.log, every earlier answer's is."""
+
+    def count(log: str, line: str) -> int:
+        path = server.log_dir / log
+        return path.read_text(errors="replace").count(line) if path.is_file() else 0
+
+    def seen() -> tuple[int, int]:
+        return count("model_log.log", "rejected item: reason=EmptyText"), count(
+            "access_log.log", f'"POST /predictions/{model} HTTP/1.1" 400'
+        )
+
+    before = seen()
+    sentinel = server.predict(model, "")
+    assert sentinel.status_code == 400, sentinel.text
+    wait_until(
+        lambda: all(now > then for now, then in zip(seen(), before)),
+        timeout,
+        lambda: (
+            f"the sentinel request's lines in {server.log_dir} (refusals, 400s logged: {before} before, {seen()} now)"
+        ),
+    )
 
 
 def unseen_reviews() -> list[tuple[str, str]]:

@@ -60,16 +60,29 @@ def front(tmp_path_factory):
                                stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{front_port}/predictions/bert"
     try:
-        for _ in range(100):
+        # Ready once HAProxy forwards a request to the echo server (its health check has marked it up): polled.
+        deadline, seen = time.monotonic() + 30, "nothing yet"
+        while True:
             try:
-                if requests.post(url, data=b"x", timeout=1).status_code == 200:
+                answer = requests.post(url, data=b"x", timeout=1)
+                if answer.status_code == 200:
                     break
-            except requests.RequestException:
-                time.sleep(0.1)
+                seen = f"HTTP {answer.status_code}: {answer.text[:200]}"
+            except requests.RequestException as error:
+                seen = repr(error)
+            if process.poll() is not None:
+                pytest.fail(f"haproxy exited with {process.returncode} before it answered; last seen: {seen}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"haproxy did not forward a request within 30s; last seen: {seen}")
+            time.sleep(0.1)
         yield url
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
         backend.shutdown()
 
 

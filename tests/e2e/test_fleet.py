@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import expected_alone
+from tests.support import expected_alone, wait_until
 from tooling.fleet import SURGE, Fleet, missing_system_commands, read_state
 from tooling.fleet_config import FleetSpec
 from tooling.fleet_roll import in_flight, roll
@@ -401,11 +401,30 @@ def test_a_drained_replica_finishes_its_requests_and_gets_no_new_ones(healthy_fl
         assert time.monotonic() < deadline, "no request in flight on the replica to drain"
         time.sleep(0.02)
     with Load(fleet.front_url, session_timeout) as load:
-        time.sleep(0.3)
+        # Drained while it holds its slow request (unanswered: the slow batch takes SLOW_DELAY_S) and some of the
+        # load beside it: requests in flight there that the drain must let it finish.
+        def held_there() -> bool:
+            return int(fleet.servers()[drained]["scur"]) >= 2 and not any(o.replica == drained for o in slow_outcomes)
+
+        wait_until(
+            held_there,
+            10,
+            lambda: f"{drained} to hold its slow request and the load's: {fleet.servers()[drained]}, {slow_outcomes}",
+            interval=0.01,
+        )
         in_flight = int(fleet.servers()[drained]["scur"])
         fleet.set_server_state(drained, "drain")
         drained_at = time.monotonic()
-        time.sleep(3.0)
+        # The load goes on until the drained replica has finished what it held and requests sent after the drain
+        # have been answered.
+        wait_until(
+            lambda: (
+                int(fleet.servers()[drained]["scur"]) == 0
+                and sum(o.sent > drained_at for o in load.outcomes) >= 2 * CLIENTS
+            ),
+            60,
+            lambda: f"{drained} to finish its requests under load: {fleet.servers()[drained]}",
+        )
     for thread in slow:
         thread.join()
     outcomes = load.outcomes + slow_outcomes

@@ -9,6 +9,7 @@ as it would in a pod.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ SLOW = "slow"  # the test-only fault hook: a batch holding this text stalls
 STALL_S = 0.4
 BATCH = 4
 REQUESTS = 24  # 6 batches, each stalled: seconds of work queued when SIGTERM comes
+MARKER = "POD-QUERY-MARKER-93b0d4"  # a text sent in a query string: never on the pod's standard output
 
 
 def entry_command(config: Path, model_store: Path) -> list[str]:
@@ -87,21 +89,52 @@ def _kill_what_is_left(processes: list[psutil.Process]) -> None:
             process.kill()
 
 
+def _stop_entry(entry: subprocess.Popen, seen: list[psutil.Process]) -> None:
+    """Whatever is left of the entry command, however far the test got (a start that failed included): the entry's
+    own process group (it runs in a session of its own), each group led by a process of its tree (tini gives its
+    child a group, graceful_stop.py gives TorchServe a session of its own), then each process seen, by pid."""
+    if entry.poll() is None:  # not reaped yet, so its pid is still this test's child: its tree is read now
+        with contextlib.suppress(psutil.NoSuchProcess):
+            seen = [*seen, *psutil.Process(entry.pid).children(recursive=True)]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(entry.pid, signal.SIGKILL)
+        entry.wait()
+    for process in seen:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            if process.is_running() and os.getpgid(process.pid) == process.pid:  # still that process, a group leader
+                os.killpg(process.pid, signal.SIGKILL)
+    _kill_what_is_left(seen)
+
+
 def test_sigterm_under_load_answers_every_admitted_request(layout):
+    from tests.support import umask_of
+    from tooling.processes import java_frontend
     from tooling.prometheus import metric_value
-    from tooling.torchserve import server_environment
+    from tooling.torchserve import IGNORED_VARIABLES, server_environment
 
     server = layout
     command = entry_command(server.config_path, server.model_store)
     log = open(server.workdir / "entry.log", "wb")  # noqa: SIM115 - closed below
+    # Set on the pod, they would replace the configuration (a file that is not there: TorchServe would not start)
+    # and turn the Open Inference mode on; the entry command starts TorchServe without them.
+    planted = {"TS_CONFIG_FILE": str(server.workdir / "absent.properties"), "TS_OPEN_INFERENCE_PROTOCOL": "oip"}
     entry = subprocess.Popen(
-        command, cwd=server.workdir, env=server_environment(server.workdir), stdout=log, stderr=subprocess.STDOUT
-    )
+        command, cwd=server.workdir, env={**server_environment(server.workdir), **planted}, stdout=log,
+        stderr=subprocess.STDOUT, umask=0o022,  # a shell's usual umask: the entry command sets its own for TorchServe
+        start_new_session=True,  # a process group of its own: stopped whole below, whatever happens
+    )  # fmt: skip
     tree: list[psutil.Process] = []
     try:
         _wait_until_ready(server, entry)
         tree = psutil.Process(entry.pid).children(recursive=True)
+        java = java_frontend(entry.pid)
+        assert umask_of(java.pid) == "0077"
+        assert not [name for name in IGNORED_VARIABLES if name in java.environ()]
         url = f"{server.inference_url}/predictions/{MODEL}"
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        queried = requests.post(url, params={"text": MARKER}, data=b"", headers=form, timeout=60)
+        assert queried.status_code in (200, 400), queried.text  # the handler's answer, or its refusal
+        admitted_before = metric_value(server.metrics_text(), "ts_inference_requests_total", model_name=MODEL)
         texts = [f"{SLOW} review {i}: the room was lovely" for i in range(REQUESTS)]
         with ThreadPoolExecutor(max_workers=REQUESTS) as pool:
             futures = [
@@ -109,7 +142,13 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
                 for t in texts
             ]
             # Every request admitted (counted by the frontend), and most of them still unanswered.
-            while metric_value(server.metrics_text(), "ts_inference_requests_total", model_name=MODEL) < REQUESTS:
+            admitted, deadline = admitted_before + REQUESTS, time.monotonic() + 60
+            while (
+                metric_value(text := server.metrics_text(), "ts_inference_requests_total", model_name=MODEL) < admitted
+            ):
+                if time.monotonic() > deadline:
+                    counted = [line for line in text.splitlines() if "ts_inference_requests_total" in line]
+                    pytest.fail(f"{REQUESTS} requests not all admitted within 60s (expected {admitted:.0f}): {counted}")
                 time.sleep(0.05)
             answered = sum(f.done() for f in futures)
             assert answered < REQUESTS - BATCH, "the load was answered before SIGTERM: nothing was in flight"
@@ -119,10 +158,7 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
             _kill_what_is_left(tree)
             results = [f.result() if not f.exception() else f.exception() for f in futures]
     finally:
-        if entry.poll() is None:
-            entry.kill()
-            entry.wait()
-        _kill_what_is_left(tree)
+        _stop_entry(entry, tree)
         log.close()
     output = (server.workdir / "entry.log").read_text(errors="replace")
     failed = [r for r in results if not isinstance(r, requests.Response) or r.status_code != 200]
@@ -131,6 +167,9 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
     assert all(r.json()["label"] for r in results)
     assert code == 0, output[-3000:]
     assert "drained: every admitted request is answered" in output
-    # The image's logging: everything on standard output (the access log included), no file written.
+    # The image's logging: everything on standard output (the access log included), no file written; the query
+    # string of a request redacted (TorchServe hands every query parameter to the handler as an input).
     assert "ACCESS_LOG" in output and "/predictions/" in output
+    assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {queried.status_code}' in output
+    assert MARKER not in output
     assert not list((server.workdir / "logs").rglob("*.log*")), "log files written under LOG_LOCATION"

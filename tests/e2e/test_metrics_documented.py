@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from handlers.handler_metrics import DECLARED, HANDLER_TIME
+from handlers.handler_metrics import DECLARED, HANDLER_TIME, ITEMS
 from tests.doc_tables import documented_metrics
+from tests.support import metrics_once
 
 pytestmark = pytest.mark.e2e
 
@@ -30,8 +31,14 @@ def exported(torchserve, tiny_checkpoint, make_archive) -> tuple[str, dict[str, 
         with ThreadPoolExecutor(max_workers=len(texts)) as pool:
             statuses = [r.status_code for r in pool.map(lambda t: torchserve.predict(model, t), texts)]
         assert statuses == [200, 200, 400, 200, 200]
+        # The handler's metric lines reach /metrics through the worker's log stream, after the answers, a batch's
+        # lines in the order it writes them (its item count before its token counts, stages and HandlerTime). One
+        # more request, answered after all of those, is a batch of its own: once its item count is in, every line
+        # of the batches before it is too.
+        assert torchserve.predict(model, "one more, in a batch of its own").status_code == 200
+        text = metrics_once(torchserve, model, {ITEMS: len(texts) + 1})
         samples: dict[str, tuple[str, list]] = {}
-        for family in text_string_to_metric_families(torchserve.metrics_text()):
+        for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 # The parser names a counter's samples <name>_total even where /metrics does not.
                 for name in {sample.name, family.name}:

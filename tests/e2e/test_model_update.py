@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.support import batches_received, wait_until
 from tooling.archiving import build_archive, write_model_config
 from tooling.checkpoints import HEADS, build_random_classifier
 from tooling.corpus import LABELS
@@ -114,8 +115,9 @@ def update_command(server: TorchServe, archive: Path, *extra: str) -> list[str]:
 
 
 def run_update(server: TorchServe, archive: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The update command to its end; its limit is below pytest's per-test timeout, so a hang fails here, named."""
     return subprocess.run(
-        update_command(server, archive, *extra), cwd=REPO, capture_output=True, text=True, timeout=300
+        update_command(server, archive, *extra), cwd=REPO, capture_output=True, text=True, timeout=240
     )
 
 
@@ -131,7 +133,7 @@ def predict_label(server: TorchServe, model: str, text: str, timeout: float = 30
     return response.status_code, response.json().get("label") if response.status_code == 200 else response.text
 
 
-def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archives, register_old):
+def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archives, register_old, tmp_path):
     model = "swap"
     register_old(model)
     stop = threading.Event()
@@ -145,30 +147,44 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
             status, label = predict_label(server, model, f"{text} {count}")
             answers.append((time.monotonic(), status, label))
 
-    with ThreadPoolExecutor(max_workers=7) as pool:
+    update: subprocess.Popen | None = None
+    errors = tmp_path / "update.stderr"  # a file, not a pipe: nothing it writes can block it while stdout is read
+    with ThreadPoolExecutor(max_workers=7) as pool, errors.open("w") as stderr_file:
         clients = [pool.submit(client, f"client {index}: the room was clean") for index in range(6)]
         # Keeps an old worker busy with a stalled batch almost all the time, so one is in flight at the
         # switch: the drain must let it finish. The new archive has no fault hook and answers at once.
         clients.append(pool.submit(client, f"a {SLOW} one that was held up"))
         try:
-            time.sleep(1.0)
+            # The load is on before the update starts: answers are coming back from the old version.
+            wait_until(lambda: any(label in LABELS for _, _, label in answers), 60, "an answer from the old version")
             archive = install(server, archives["new"], f"{model}.mar")
             update = subprocess.Popen(
                 update_command(server, archive, "--model", model),
-                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                cwd=REPO, stdout=subprocess.PIPE, stderr=stderr_file, text=True,
             )  # fmt: skip
             output = []
             for line in update.stdout:
                 output.append(line)
                 if "is the default" in line:
                     switched_at.append(time.monotonic())
-            stderr = update.stderr.read()
-            update.wait(timeout=300)
-            time.sleep(1.0)
+            update.wait(timeout=240)
+            ended = time.monotonic()
+            # The old version is gone once the update ends: the clients' next answers are the new version's.
+            wait_until(
+                lambda: any(when > ended and label in NEW_LABELS for when, _, label in answers),
+                60,
+                lambda: f"an answer from the new version after the update; last answers: {answers[-3:]}",
+            )
         finally:
             stop.set()  # before the pool's exit waits for the clients
+            if update is not None and update.poll() is None:  # it did not finish: stopped, by its pid
+                update.kill()
+                update.wait(timeout=30)
+            if update is not None:
+                update.stdout.close()
         for future in clients:
             future.result()
+    stderr = errors.read_text()
 
     assert update.returncode == 0, stderr
     assert switched_at and "unregistered" in output[-1], output
@@ -192,8 +208,10 @@ def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, regist
     assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
     with ThreadPoolExecutor(max_workers=1) as pool:
         # By name, so it reaches 1.0 whenever it arrives; queued or in flight there, the unregister fails it.
+        received = batches_received(server, model, "1.0")
         held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", STALL_S + 5)
-        time.sleep(0.3)
+        # In flight: a worker of 1.0 has taken its batch, which it holds for STALL_S from then.
+        wait_until(lambda: batches_received(server, model, "1.0") > received, 30, f"a worker of {model}/1.0 to take it")
         management = f"{server.management_url}/models/{model}"
         headers = server.auth("management")
         assert requests.put(f"{management}/2.0/set-default", headers=headers, timeout=10).status_code == 200

@@ -215,7 +215,7 @@ def test_int8_below_the_agreement_bar_is_refused_by_the_archive_command(tiny_che
     store = tmp_path / "store"
     command = [sys.executable, "-m", "scripts.archive_model", str(checkpoint), "--name", "damaged",
                "--export-path", str(store), "--backend", "onnx", "--quantize", "int8"]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     message = result.stderr.strip().splitlines()[-1]
     assert re.search(

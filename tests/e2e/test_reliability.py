@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.answers import TOLERANCE, assert_same_answer, candidate_texts, distinguishable_texts, smallest_gap
-from tests.support import expected_alone
+from tests.support import TEXT, batches_received, expected_alone, logs_caught_up, wait_until
 from tooling.paths import REPO
 from tooling.prometheus import metric_value
 
@@ -54,6 +54,7 @@ def test_a_failing_forward_pass_fails_only_its_culprits(
             else:
                 assert response.status_code == 200, response.text
                 assert_same_answer(response.json(), single)
+        logs_caught_up(torchserve, name)  # the worker's lines reach the log files apart from, and after, the answers
         log = torchserve.log_text()
         groups = [int(n) for n in re.findall(r"forward pass failed for a group of (\d+) items", log)]
         assert groups and max(groups) > 1, "each culprit must have shared its failing pass with neighbours"
@@ -130,15 +131,19 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
     small_queue_server, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir
 ):
     server = small_queue_server
-    # The worker is held for 4 s and the burst follows 0.5 s later: the 30 requests have 3.5 s to arrive
-    # while it is busy, so "at most the queue plus the one in the worker are admitted" does not rest on
-    # how fast this machine starts 30 threads (2 s held was 1.5 s of margin, thin on a loaded CI machine).
+    # The worker is held for 4 s and the burst follows as soon as it holds it: the 30 requests have about 4 s to
+    # arrive while it is busy, so "at most the queue plus the one in the worker are admitted" does not rest on
+    # how fast this machine starts 30 threads.
     archive = make_archive(tiny_checkpoint, "tiny-slow", fault_marker="SLOW", fault_delay_s=4.0)
     assert server.register(archive, batch_size=1, max_batch_delay=1).status_code == 200
     try:
+        received = batches_received(server, "tiny-slow")
         blocker = threading.Thread(target=server.predict, args=("tiny-slow", "SLOW request holds the worker"))
         blocker.start()
-        time.sleep(0.5)  # the worker is now busy for four seconds
+        # The worker has taken the blocker's batch: it is busy for four seconds from now.
+        wait_until(
+            lambda: batches_received(server, "tiny-slow") > received, 30, "tiny-slow's worker to take the blocker"
+        )
 
         texts = [f"burst request {i}" for i in range(30)]
 
@@ -212,6 +217,11 @@ def crashable_model(torchserve, tiny_checkpoint, make_archive):
     torchserve.unregister("tiny-crash")
 
 
+def admitted(server, model: str) -> float:
+    """Requests for `model` the frontend has taken in (TorchServe counts each as it arrives)."""
+    return metric_value(server.metrics_text(), "ts_inference_requests_total", model_name=model)
+
+
 def worker_pid(server, model: str) -> int:
     return server.describe(model)[0]["workers"][0]["pid"]
 
@@ -234,11 +244,15 @@ def test_killing_the_worker_fails_the_batch_it_held_and_the_queue_is_served(
     old_pid = worker_pid(torchserve, model)
     held = [f"{HOLD} the worker"] + [f"held beside it {i}" for i in range(3)]  # one full batch of 4
     queued = [f"queued while the worker is busy or dead {i}" for i in range(8)]
+    received, arrived = batches_received(torchserve, model), admitted(torchserve, model)
     with ThreadPoolExecutor(max_workers=len(held) + len(queued)) as pool:
         held_responses = [pool.submit(torchserve.predict, model, text, timeout=90) for text in held]
-        time.sleep(1.0)  # the batch of 4 is in the worker, which sleeps 10 s on it
+        # The batch of 4 is in the worker, which sleeps 10 s on it.
+        wait_until(lambda: batches_received(torchserve, model) > received, 30, f"{model}'s worker to take the batch")
         queued_responses = [pool.submit(torchserve.predict, model, text, timeout=90) for text in queued]
-        time.sleep(0.5)
+        # The 8 are in the frontend's queue (counted as they arrive), behind the held batch, when the worker dies.
+        total = arrived + len(held) + len(queued)
+        wait_until(lambda: admitted(torchserve, model) >= total, 30, f"{len(queued)} requests queued for {model}")
         os.kill(old_pid, signal.SIGKILL)
         held_responses = [future.result() for future in held_responses]
         queued_responses = [future.result() for future in queued_responses]
@@ -263,8 +277,16 @@ def test_a_request_held_for_batching_when_the_worker_dies_is_never_answered(torc
     waiting = http.client.HTTPConnection(host, int(port), timeout=60)
     try:
         headers = {"Content-Type": "text/plain", **torchserve.auth("inference")}
+        arrived = admitted(torchserve, model)
         waiting.request("POST", f"/predictions/{model}", body=b"taken for the next batch", headers=headers)
-        time.sleep(1.0)  # the frontend holds it, waiting up to 3 s for three more requests
+
+        def held_for_batching() -> bool:  # arrived, and no longer in the queue: taken, waiting for three more
+            return (
+                admitted(torchserve, model) > arrived
+                and torchserve.describe(model)[0]["jobQueueStatus"]["pendingRequests"] == 0
+            )
+
+        wait_until(held_for_batching, 30, f"{model}'s frontend to take the request for its next batch")
         os.kill(old_pid, signal.SIGKILL)
         wait_for_new_worker(torchserve, model, old_pid)
         # A later request is served by the replacement (after its own 3 s batch delay) ...
@@ -313,11 +335,25 @@ def test_request_text_never_reaches_the_logs(torchserve, tiny_model_for_logs):
     ]
     statuses = [torchserve.predict(tiny_model_for_logs, body, ct).status_code for body, ct in bodies]
     assert statuses == [200, 200, 400, 400, 400, 413]
-    time.sleep(1)  # let the log appenders flush
+    # In the query string: TorchServe hands every query parameter to the handler as an input, and its access log
+    # line is the whole URI (in access_log.log, ts_log.log and on standard output): log4j2.xml redacts it.
+    url = f"{torchserve.inference_url}/predictions/{tiny_model_for_logs}"
+    key = torchserve.auth("inference")
+    form = {"Content-Type": "application/x-www-form-urlencoded", **key}
+    queried = [
+        requests.post(url, params={"text": marker}, data=b"", headers=form, timeout=60),
+        requests.post(url, params={"text": marker}, data=b"a text", headers={"Content-Type": TEXT, **key}, timeout=60),
+    ]
+    # Answered by the handler, or refused by it (what it makes of a query parameter is its own business).
+    assert [response.status_code in (200, 400) for response in queried] == [True, True], [r.text for r in queried]
+    assert queried[1].status_code == 200 and queried[1].json()["label"]
+    logs_caught_up(torchserve, tiny_model_for_logs)  # every line these requests made the server write is written
     logs = list(torchserve.workdir.rglob("*.log"))
     assert logs
     for path in logs:
         assert marker not in path.read_text(errors="replace"), f"request text leaked into {path.name}"
+    access = (torchserve.log_dir / "access_log.log").read_text()
+    assert f'"POST /predictions/{tiny_model_for_logs}?<redacted> HTTP/1.1" 200' in access
 
 
 @pytest.fixture
@@ -382,9 +418,12 @@ def test_a_model_that_cannot_load_fails_its_registration_at_once_and_the_log_nam
 ):
     """A worker whose load fails (here a handler option no worker accepts) ends registration with TorchServe's
     "Failed to start workers"; the cause is the worker's own exception, which scripts/serve.sh prints."""
-    from tooling.torchserve import load_failure_cause
+    from tooling.torchserve import new_load_failure
 
     archive = make_archive(tiny_checkpoint, "tiny-unloadable", overlength="wrap-around")
+    # The worker's traceback reaches model_log.log through the frontend's reading of its output, apart from the
+    # answer to the registration: read among the lines written from now on, polled.
+    load_failure = new_load_failure(torchserve.log_dir / "model_log.log")
     started = time.monotonic()
     response = torchserve.register(archive, batch_size=8, max_batch_delay=5)
     waited = time.monotonic() - started
@@ -392,7 +431,8 @@ def test_a_model_that_cannot_load_fails_its_registration_at_once_and_the_log_nam
     assert response.status_code in (500, 507), response.text
     assert "Failed to start workers" in response.json()["message"]
     assert waited < 60, f"the failed registration took {waited:.0f}s"
-    cause = load_failure_cause(torchserve.log_text())
+    wait_until(lambda: load_failure() is not None, 30, "the worker's exception in model_log.log")
+    cause = load_failure()
     assert cause == (
         "handlers.loading.ModelLoadFailed: cannot load tiny-unloadable on the CPU: ValueError: overlength must be "
         "one of ('truncate', 'reject')"

@@ -13,7 +13,7 @@ import requests
 
 from tests.answers import TOLERANCE, assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
-from tests.support import JSON, TEXT, unseen_reviews
+from tests.support import JSON, TEXT, metrics_once, umask_of, unseen_reviews
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +72,7 @@ def test_concurrent_mixed_requests_each_get_their_own_answer(
     before = _batching_counters(torchserve.metrics_text())
     with ThreadPoolExecutor(max_workers=24) as pool:
         responses = list(pool.map(lambda r: torchserve.predict(tiny_model, r[0], r[1]), mixed))
-    after = _batching_counters(metrics_once(torchserve, "bert_items_total", before["items"] + len(mixed)))
+    after = _batching_counters(metrics_once(torchserve, tiny_model, {"bert_items_total": before["items"] + len(mixed)}))
 
     for (_, _, expected), response in zip(mixed, responses):
         body = response.json()
@@ -175,6 +175,19 @@ def test_calls_without_the_right_key_are_refused(torchserve, tiny_model):
     assert requests.get(management, headers=torchserve.auth("management"), timeout=10).status_code == 200
 
 
+def test_the_server_creates_its_key_file_and_logs_for_its_owner_alone(torchserve):
+    """TorchServe 0.12 creates key_file.json with mode 0666 less its umask, writes the keys and only then narrows it
+    to 0600 (TokenAuthorization.generateKeyFile): the launcher (tooling/torchserve.py, for the tests, the benchmark
+    and the fleet) starts it with umask 077, so no other user can open the file in between."""
+    from tooling.processes import java_frontend
+
+    assert umask_of(java_frontend(torchserve.process.pid).pid) == "0077"
+    written = [torchserve.key_file, torchserve.workdir / "console.log", *torchserve.log_dir.glob("*.log")]
+    assert len(written) > 3
+    for path in written:
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is open to others: {oct(path.stat().st_mode)}"
+
+
 def test_handler_metrics_count_exactly_what_happened(torchserve, tiny_model, loaded_handler):
     texts = ["one batch with one text", "and a second one, a little longer than the first"]
     tokens = sum(len(loaded_handler.served.tokenizer(text)["input_ids"]) for text in texts)
@@ -182,7 +195,9 @@ def test_handler_metrics_count_exactly_what_happened(torchserve, tiny_model, loa
     # One request at a time: each is a batch of one, run alone in its own forward pass.
     assert [torchserve.predict(tiny_model, text).status_code for text in texts] == [200, 200]
     assert torchserve.predict(tiny_model, "").status_code == 400
-    after = metrics_once(torchserve, "bert_items_total", metric_value(before, "bert_items_total", ModelName="tiny") + 3)
+    after = metrics_once(
+        torchserve, tiny_model, {"bert_items_total": metric_value(before, "bert_items_total", ModelName=tiny_model) + 3}
+    )
 
     def delta(name: str, **labels: str) -> float:
         return metric_value(after, name, ModelName=tiny_model, **labels) - metric_value(
@@ -206,30 +221,22 @@ def test_demo_model_labels_reviews_it_has_never_seen(torchserve, demo_checkpoint
     archive = make_archive(demo_checkpoint, "bert")
     assert torchserve.register(archive, batch_size=8, max_batch_delay=5).status_code == 200
     try:
-        obvious = {
-            "This is the best phone I have ever owned, I love it.": "positive",
-            "Absolutely terrible, it broke on the first day.": "negative",
-        }
-        for text, label in obvious.items():
-            assert torchserve.predict("bert", text).json()["label"] == label
-        reviews = unseen_reviews()
+        # The retrained model differs between CPUs, so no one review is held to its label: the two obvious ones
+        # are counted with the 30 unseen reviews, and 0.9 of the 32 (3 wrong at most, as 27/30 with both obvious
+        # ones right allowed) is 3 below every seed docs/development.md measured.
+        obvious = [
+            ("positive", "This is the best phone I have ever owned, I love it."),
+            ("negative", "Absolutely terrible, it broke on the first day."),
+        ]
+        reviews = obvious + unseen_reviews()
         with ThreadPoolExecutor(max_workers=8) as pool:
-            answers = list(pool.map(lambda r: torchserve.predict("bert", r[1]).json(), reviews))
-        correct = sum(answer["label"] == label for (label, _), answer in zip(reviews, answers))
-        assert correct / len(reviews) >= 0.9, f"{correct}/{len(reviews)} unseen reviews labelled correctly"
+            responses = list(pool.map(lambda r: torchserve.predict("bert", r[1]), reviews))
+        assert [r.status_code for r in responses] == [200] * len(reviews), [r.text for r in responses]
+        wrong = [(label, text) for (label, text), r in zip(reviews, responses) if r.json()["label"] != label]
+        correct = len(reviews) - len(wrong)
+        assert correct >= 0.9 * len(reviews), f"{correct}/{len(reviews)} reviews labelled correctly; wrong: {wrong}"
     finally:
         torchserve.unregister("bert")
-
-
-def metrics_once(torchserve, name: str, at_least: float, timeout: float = 10.0) -> str:
-    """/metrics once `name` (for the tiny model) has reached `at_least`: the frontend reads the
-    worker's metric lines from its log stream, so they may land just after the response."""
-    deadline = time.monotonic() + timeout
-    while (text := torchserve.metrics_text()) and time.monotonic() < deadline:
-        if metric_value(text, name, ModelName="tiny") >= at_least:
-            break
-        time.sleep(0.1)
-    return text
 
 
 def _batching_counters(text: str) -> dict[str, float]:

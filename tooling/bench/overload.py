@@ -37,8 +37,11 @@ from tooling.prometheus import metric_value
 TODAY_QUEUE = 100
 # The load at which "nothing changes" is the issue's target.
 HALF_LOAD = 0.5
-# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
-METRICS_SETTLE_S = 0.5
+# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers: read once two
+# reads this far apart agree (how many items the handler was handed is not known to the client: a request its
+# client gave up on may or may not have been admitted), waiting at most METRICS_SETTLE_TIMEOUT_S.
+METRICS_SETTLE_S = 0.25
+METRICS_SETTLE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,18 @@ def wait_drained(server, model: str, limit_s: float) -> None:
     time.sleep(0.3)
 
 
+def settled_handler_counts(server, model: str) -> tuple[float, float]:
+    """handler_counts once two reads METRICS_SETTLE_S apart agree, or after METRICS_SETTLE_TIMEOUT_S."""
+    deadline = time.monotonic() + METRICS_SETTLE_TIMEOUT_S
+    counts = handler_counts(server, model)
+    while time.monotonic() < deadline:
+        time.sleep(METRICS_SETTLE_S)
+        counts, last = handler_counts(server, model), counts
+        if counts == last:
+            break
+    return counts
+
+
 def measure_cell(
     server, model: str, texts: Sequence[str], rate: float, seconds: float, timeout_s: float,
     arrivals: str, deadline: bool, warmup_s: float = 0.0,
@@ -80,8 +95,7 @@ def measure_cell(
     with server_cpu_cores(server, model) as cores:
         result = open_loop(url, headers, texts, rate, seconds, timeout_s, arrivals, deadline, warmup_s=warmup_s)
     wait_drained(server, model, limit_s=30.0)
-    time.sleep(METRICS_SETTLE_S)
-    items_after, refused_after = handler_counts(server, model)
+    items_after, refused_after = settled_handler_counts(server, model)
     summary = result.summary()
     return {
         **summary,

@@ -21,8 +21,9 @@ from tooling.bench.server_cpu import server_cpu_cores
 # would be charged for them there, while CUDA graphs met every shape at capture, at load.
 WARM_UP_SHARE = 0.5
 WARM_UP_MAX_S = 2.0
-# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers.
-METRICS_SETTLE_S = 0.5
+# The handler's metrics reach /metrics through the worker's log stream, a moment after the answers: read once they
+# count every answered request, waiting at most this long.
+METRICS_SETTLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,18 @@ def describe_cell(cell: dict) -> str:
     )
 
 
+def counters_after(server, model: str, before: dict[str, float], answered: int) -> tuple[str, dict[str, float]]:
+    """(/metrics text, the model's counters) once the handler has counted `answered` items since `before`, or
+    METRICS_SETTLE_TIMEOUT_S later with what is there: a cell then shows the shortfall as handler_items."""
+    deadline = time.monotonic() + METRICS_SETTLE_TIMEOUT_S
+    while True:
+        text = server.metrics_text()
+        after = read_counters(text, model)
+        if after["items"] >= before["items"] + answered or time.monotonic() > deadline:
+            return text, after
+        time.sleep(0.05)
+
+
 def measure_cell(
     server, model: str, texts: Sequence[str], clients: int, duration: float, check: AnswerCheck | None = None
 ) -> dict:
@@ -100,9 +113,7 @@ def measure_cell(
     before = read_counters(server.metrics_text(), model)
     with GpuSampler() as gpu, server_cpu_cores(server, model) as cores:
         cell = closed_loop(url, headers, texts, clients, duration, check)
-    time.sleep(METRICS_SETTLE_S)
-    text = server.metrics_text()
-    after = read_counters(text, model)
+    text, after = counters_after(server, model, before, cell["requests"])
     # NVML's samples of this cell where it can read the GPU; else TorchServe's last (once a minute) report.
     sampled = gpu.figures()
     reported = gpu_figures(text)
@@ -219,8 +230,9 @@ def served_cells(
                 url = f"{server.inference_url}/predictions/{model}"
                 headers = {"Content-Type": "text/plain", **server.auth("inference")}
                 warm_up = min(WARM_UP_MAX_S, WARM_UP_SHARE * duration)
-                closed_loop(url, headers, texts, warm_up_clients(concurrency), warm_up)
-                time.sleep(METRICS_SETTLE_S)
+                warm_before = read_counters(server.metrics_text(), model)
+                warm = closed_loop(url, headers, texts, warm_up_clients(concurrency), warm_up)
+                counters_after(server, model, warm_before, warm["requests"])  # all in before the first cell reads
                 for clients in concurrency:
                     check = AnswerCheck(expected[r.backend], TOLERANCE[dtypes[r.backend]])
                     cell = {
