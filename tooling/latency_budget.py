@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The default budget: one second. Measured on 2 cores with 2 s clients (docs/benchmarks.md, "Overload"):
-# 92-96 % of saturation answered in time at 2x overload, 82-85 % at 4x, no work wasted.
+# The default budget: one second. Measured on 2 cores with 2 s clients (docs/benchmarks.md, "Overload"), as
+# serve.sh ships it: 86-91 % of saturation answered in time at 2x overload, 72-74 % at 4x (the load generator
+# and the refusals take the rest of the two cores), nothing computed for a client who had left.
 DEFAULT_BUDGET_MS = 1000
 
 # Measured throughput of the default archive at its default layout and batching, per unit of the
