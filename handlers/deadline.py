@@ -74,12 +74,20 @@ class PassPace:
     before the first pass: a new worker refuses only what is already late."""
 
     WEIGHT = 0.3  # of the newest pass: a slow first pass (a cold start) fades within a few batches
+    # What a batch that ran no pass leaves of the estimate. Only a pass measures, and a pace too high to let any
+    # request through would otherwise keep the worker refusing every request with a deadline for ever; refusing
+    # costs no pass, so under traffic these batches come quickly and the estimate comes down within a few dozen.
+    IDLE_DECAY = 0.8
 
     def __init__(self) -> None:
         self.ms = 0.0
 
     def observe(self, ms: float) -> None:
         self.ms = ms if self.ms == 0.0 else self.ms + self.WEIGHT * (ms - self.ms)
+
+    def ran_nothing(self) -> None:
+        """A batch ran no pass: nothing was measured, and the estimate may be why."""
+        self.ms *= self.IDLE_DECAY
 
 
 def in_time(
@@ -108,3 +116,21 @@ def in_time(
         if len(kept) > len(best):
             best = kept
     return best
+
+
+def refused_requests(
+    passes: Sequence[Sequence[K]], request_of: Callable[[K], Hashable], deadline_of: Callable[[K], float | None],
+    now_ms: float, pace_ms: float,
+) -> set:  # fmt: skip
+    """The requests to refuse before the next of `passes`: those in_time does not answer whole. A request is
+    answered only whole, so one that in_time keeps in part is taken out and the choice made again without it (a
+    pass it filled may no longer be the one to run), until every request in_time keeps, it keeps whole."""
+    out: set = set()
+    while True:
+        left = [[key for key in keys if request_of(key) not in out] for keys in passes]
+        kept = in_time(left, deadline_of, now_ms, pace_ms)
+        dropped = {request_of(key) for keys in left for key in keys if key not in kept}
+        partial = dropped & {request_of(key) for key in kept}
+        if not partial:
+            return out | dropped
+        out |= partial

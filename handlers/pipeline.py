@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.batching import padded_width, plan_micro_batches
-from handlers.deadline import DEADLINE_HEADER, PassPace, in_time, read_deadline, refusal
+from handlers.deadline import DEADLINE_HEADER, PassPace, read_deadline, refusal, refused_requests
 from handlers.fault_isolation import run_isolating_faults
 from handlers.instances import Instance
 from handlers.loading import LoadedModel
@@ -166,10 +166,10 @@ def run_forward(
 
     def run(subset: Sequence[InstanceKey]):
         started = time.perf_counter()  # a duration: immune to the wall clock being stepped
-        try:
-            return model.forward([encodings[k] for k in subset])
-        finally:
-            pass_ms.append(1000 * (time.perf_counter() - started))
+        rows = model.forward([encodings[k] for k in subset])
+        # Only a pass that ran is the pace: one refused before it ran (UnembeddableTokenTypes) took no time.
+        pass_ms.append(1000 * (time.perf_counter() - started))
+        return rows
 
     def describe(subset: Sequence[InstanceKey]) -> str:
         longest = max(encodings[k].length for k in subset)
@@ -182,8 +182,8 @@ def run_forward(
     for i, planned in enumerate(groups):
         if deadlines:
             to_come = [[key for key in keys if key[0] not in too_late] for keys in groups[i:]]
-            kept = in_time(to_come, lambda key: deadlines.get(key[0]), 1000 * time.time(), pace.ms)
-            too_late.update(key[0] for keys in to_come for key in keys if key not in kept)
+            request, deadline = (lambda key: key[0]), (lambda key: deadlines.get(key[0]))
+            too_late |= refused_requests(to_come, request, deadline, 1000 * time.time(), pace.ms)
         group = []
         for key in planned:
             if key[0] in too_late:
@@ -196,13 +196,16 @@ def run_forward(
         rows = run_isolating_faults(run, group, describe)
         # One pass's time, the longest the group took: a bisected group's retries added up would refuse the
         # next requests for a failure that was not theirs.
-        pace.observe(max(pass_ms))
+        if pass_ms:
+            pace.observe(max(pass_ms))
         pass_ms.clear()
         for key, row in rows.items():
             if isinstance(row, Rejection):
                 rejected[key] = row
             else:
                 predictions[key] = Prediction(row.tolist(), encodings[key].truncated)
+    if deadlines and not ran:
+        pace.ran_nothing()
     return predictions, rejected, ran
 
 

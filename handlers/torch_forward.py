@@ -35,7 +35,8 @@ from handlers.tokenization import Encoding, collate
 logger = logging.getLogger(__name__)
 
 # The worker's exit status after a CUDA error (sysexits' EX_SOFTWARE). Not 137: TorchServe 0.12 reads a
-# worker that ended with 137 (a SIGKILL, as the kernel's OOM killer sends) as out of memory and answers 413.
+# worker that ended with 137 (a SIGKILL, as the kernel's OOM killer sends) as out of memory: the batch it held
+# is answered 507 (tests/e2e/test_reliability.py), which would blame memory for a CUDA error.
 CUDA_ERROR_EXIT_CODE = 70
 # What the README says each CUDA build of torch needs from the host (NVIDIA's release notes).
 DRIVER_REQUIREMENTS = (

@@ -38,8 +38,10 @@ eval "$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$
   ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})"
 # config.properties leaves default_workers_per_model and job_queue_size to the launcher (see there):
 # the server runs a copy with them.
-{ cat config.properties; echo "default_workers_per_model=$WORKERS"; echo "job_queue_size=$JOB_QUEUE_SIZE"; } \
-  >logs/config.properties
+# On a CPU host, or with BERT_DEVICE=cpu, no worker gets a GPU: TorchServe would give each one a GPU that
+# nvidia-smi lists, and a worker refuses a GPU its torch cannot use (handlers/torch_forward.select_device).
+{ cat config.properties; echo "default_workers_per_model=$WORKERS"; echo "job_queue_size=$JOB_QUEUE_SIZE"
+  if [ "$DEVICE" = cpu ]; then echo "number_of_gpu=0"; fi; } >logs/config.properties
 
 # Why the model's workers did not start, from the worker's own log: the last Python exception it
 # printed (the handler's message names the cause and the fix), not TorchServe's summary line.

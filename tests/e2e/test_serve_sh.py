@@ -92,6 +92,12 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
     shims.mkdir()
     curl_log = root / "curl-calls.log"
     shim(shims, "curl", shutil.which("curl"), curl_log)
+    # A host whose nvidia-smi lists a GPU, as TorchServe 0.12's ConfigManager asks it ("--query-gpu=index
+    # --format=csv": a header, then an index a line), while BERT_DEVICE=cpu asks for the CPU: the workers must get
+    # no GPU, or each would refuse one its CPU-only torch cannot use and serve.sh would fail.
+    smi = shims / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nprintf "index\\n0\\n"\n')
+    smi.chmod(0o755)
     # A file the launchers must not let TorchServe read instead of the configuration serve.sh writes; it is the
     # same configuration, so that a launcher that passed it on is caught by the assertions, not by a failed start.
     planted = root / "planted.properties"
@@ -105,6 +111,7 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         "TS_CONFIG_FILE": str(planted),
         "TS_OPEN_INFERENCE_PROTOCOL": "oip",
     }
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # TorchServe would read it instead of asking nvidia-smi
     script = subprocess.Popen(
         ["bash", "scripts/serve.sh"], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -188,3 +195,14 @@ def test_a_text_in_the_query_string_reaches_no_log(served):
     logs = {path.name: path.read_text(errors="replace") for path in (served.checkout / "logs").rglob("*.log")}
     assert [name for name, text in logs.items() if MARKER in text] == []
     assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {answer.status_code}' in logs["access_log.log"]
+
+
+def test_with_bert_device_cpu_no_worker_gets_the_gpu_nvidia_smi_lists(served):
+    """The fixture's nvidia-smi lists GPU 0; serve.sh registered the model all the same (a worker given the GPU
+    would have refused it: the repository's torch is a CPU build), and TorchServe gave no worker a GPU."""
+    config = (served.checkout / "logs" / "config.properties").read_text().splitlines()
+    assert "number_of_gpu=0" in config
+    management = re.search(r"^management_address=(.*)$", "\n".join(config), flags=re.MULTILINE).group(1)
+    key = {"Authorization": f"Bearer {served.keys['management']}"}
+    [described] = requests.get(f"{management}/models/{MODEL}", headers=key, timeout=30).json()
+    assert described["workers"] and not any(worker["gpu"] for worker in described["workers"]), described

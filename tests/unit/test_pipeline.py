@@ -335,6 +335,52 @@ def test_a_request_is_refused_whole_none_of_its_instances_computed(monkeypatch):
     assert [len(p) for p in forward.passes] == [1] and clock[0] - start == 100
 
 
+def test_a_request_kept_only_in_part_is_set_aside_and_the_choice_made_again(monkeypatch):
+    """Room for one pass of three: the fullest holds two instances of a request whose third is in another pass, so
+    that request cannot be answered whole. Set aside, it leaves the choice to the pass it did not fill: the other
+    request's, which alone is in time. Refusing both, as a first choice by instances would, runs nothing."""
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(100_000.0)
+    start = clock[0]
+    deadline = {"X-Request-Deadline": str(int(1000 * (start + 150)))}
+    three = (
+        {"body": json.dumps({"instances": ["a", "b", "one two three four"]}).encode()},
+        {"explain": "False", **deadline},
+    )
+    alone = ({"body": b"c d e"}, {"content-type": "text/plain", **deadline})
+    outcome = run_paced(model, pace, three, alone)
+    assert [a.status for a in outcome.answers] == [503, 200]
+    assert [len(p) for p in forward.passes] == [1] and clock[0] - start == 100
+
+
+def test_a_pace_too_high_to_let_any_request_through_comes_down_and_the_worker_serves_again(monkeypatch):
+    """Only a pass measures the pace; a batch refused whole measures nothing. Each batch that ran no pass lowers the
+    estimate, so a pace a hundred times too high (a stalled pass) stops refusing within a few dozen batches."""
+    model, forward, clock = ticking_model(monkeypatch, tick=0.1, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(10_000.0)  # ms: a hundred passes' worth
+    statuses = []
+    for _ in range(40):
+        outcome = run_paced(model, pace, with_deadline("a", clock[0] + 1.0))  # room for ten passes
+        statuses.append(outcome.answers[0].status)
+        if statuses[-1] == 200:
+            break
+    assert statuses[-1] == 200 and set(statuses[:-1]) == {503}, statuses
+    assert pace.ms < 1000.0 and len(forward.passes) == 1
+
+
+def test_a_pass_that_failed_is_not_the_pace(monkeypatch):
+    """A pass that fails at once (a pair refused on a one-token-type model before the pass) takes next to no time:
+    counted, it would pull the pace down and let through requests whose answers then come late."""
+    model, forward, _ = ticking_model(monkeypatch, tick=0.001, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(100_000.0)
+    outcome = run_paced(model, pace, text(POISON))
+    assert [a.status for a in outcome.answers] == [500] and forward.passes
+    assert pace.ms == 100_000.0
+
+
 def test_the_pace_after_a_bisected_group_is_one_pass_not_the_retries_added_up(monkeypatch):
     """A poisoned item in the first group costs several passes; the next group's request, whose deadline leaves
     room for one pass, is still served: the bisection's retries are not its pace."""
