@@ -6,6 +6,8 @@ import csv
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -188,3 +190,16 @@ def run_transformers_pipeline(checkpoint, inputs: list, **call_options) -> list:
     with mock.patch.dict(os.environ):
         classify = pipeline("text-classification", model=str(checkpoint), tokenizer=str(checkpoint), device="cpu")
         return classify(inputs, **call_options)
+
+
+def worker_ended(script: str, model_dir: Path, texts: list[str]) -> tuple[int, str, list[str]]:
+    """Run `script` (a handler serving `model_dir`, given `texts`, in a process of its own, as a TorchServe worker is)
+    from the repository root: its exit status, its output, and the CRITICAL lines of its log."""
+    from tooling.paths import REPO
+
+    ended = subprocess.run(
+        [sys.executable, "-c", script, str(model_dir), json.dumps(texts)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = ended.stdout + ended.stderr
+    return ended.returncode, output, [line for line in output.splitlines() if line.startswith("CRITICAL:")]

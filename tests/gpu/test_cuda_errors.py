@@ -11,9 +11,6 @@ Marked gpu: skipped, with the reason shown, where torch sees no CUDA device (CI 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -21,7 +18,7 @@ import pytest
 from handlers.loading import ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.torch_forward import CUDA_ERROR_EXIT_CODE
-from tooling.paths import REPO
+from tests.support import worker_ended
 
 pytestmark = pytest.mark.gpu
 
@@ -55,18 +52,10 @@ DEVICE_SIDE_ASSERT = textwrap.dedent(
 
 
 def test_a_device_side_assert_ends_the_worker_process_with_one_critical_line(unpacked_model_dir):
-    ended = subprocess.run(
-        [sys.executable, "-c", DEVICE_SIDE_ASSERT, str(unpacked_model_dir), json.dumps(TEXTS)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = ended.stdout + ended.stderr
+    status, output, critical = worker_ended(DEVICE_SIDE_ASSERT, unpacked_model_dir, TEXTS)
     assert f"BEFORE {[200] * len(TEXTS)}" in output, output[-3000:]  # the worker served on the GPU first
-    assert ended.returncode == CUDA_ERROR_EXIT_CODE, output[-3000:]
+    assert status == CUDA_ERROR_EXIT_CODE, output[-3000:]
     assert "AFTER" not in output  # no answer after the context was poisoned: the process ended instead
-    critical = [line for line in output.splitlines() if line.startswith("CRITICAL:")]
     assert len(critical) == 1, output[-3000:]
     assert "CUDA error on cuda:0" in critical[0] and "CUDA error: " in critical[0], critical[0]
 

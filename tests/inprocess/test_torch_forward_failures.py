@@ -10,10 +10,7 @@ still answered 507; and a CUDA error ends the worker process. The same on a GPU:
 from __future__ import annotations
 
 import gc
-import json
 import shutil
-import subprocess
-import sys
 import textwrap
 import weakref
 from pathlib import Path
@@ -28,8 +25,8 @@ from handlers.options import HandlerOptions
 from handlers.rejection import Rejection
 from handlers.tokenization import encode
 from handlers.torch_forward import CUDA_ERROR_EXIT_CODE, UnembeddableTokenTypes
+from tests.support import worker_ended
 from tooling.inprocess import load_handler
-from tooling.paths import REPO
 
 ADDED_TOKENS = ["<hotel>", "<room>"]
 TEXTS = ["the room was clean", "rude staff at the desk", "a quiet <hotel> by the sea", "fine"]
@@ -196,17 +193,9 @@ ENDS_THE_WORKER = textwrap.dedent(
 def test_a_cuda_error_ends_the_worker_process_with_one_critical_line_instead_of_answering(unpacked_model_dir):
     """torch.AcceleratorError is what a failed CUDA call raises (torch 2.8 and later); raised by the model here, on
     the CPU, it takes the same way out of the forward pass a real one takes on a GPU."""
-    ended = subprocess.run(
-        [sys.executable, "-c", ENDS_THE_WORKER, str(unpacked_model_dir), json.dumps(TEXTS)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = ended.stdout + ended.stderr
-    assert ended.returncode == CUDA_ERROR_EXIT_CODE, output[-3000:]
+    status, output, critical = worker_ended(ENDS_THE_WORKER, unpacked_model_dir, TEXTS)
+    assert status == CUDA_ERROR_EXIT_CODE, output[-3000:]
     assert "ANSWERED" not in output
-    critical = [line for line in output.splitlines() if line.startswith("CRITICAL:")]
     assert len(critical) == 1, output[-3000:]
     assert "AcceleratorError: CUDA error: device-side assert triggered" in critical[0]
     assert "ending the worker" in critical[0] and "TorchServe starts a fresh one" in critical[0]
