@@ -101,14 +101,14 @@ def in_time(
     instance without a deadline run whatever happens; the rest are the ones with the most instances in time
     then. Fewer passes can answer more: a pass dropped for lateness no longer delays the others."""
     best: set[K] = set()
+    timed = [[(key, deadline_of(key)) for key in keys] for keys in passes]  # each deadline read once
     for k in range(1, len(passes) + 1):
         end_ms = now_ms + k * pace_ms
         forced, optional = [], []
-        for keys in passes:
-            deadlines = [deadline_of(key) for key in keys]
-            timely = [key for key, d in zip(keys, deadlines) if d is None or d >= end_ms]
+        for pairs in timed:
+            timely = [key for key, d in pairs if d is None or d >= end_ms]
             if timely:
-                (forced if None in deadlines else optional).append(timely)
+                (forced if any(d is None for _, d in pairs) else optional).append(timely)
         if len(forced) > k:
             continue
         optional.sort(key=len, reverse=True)  # stable: of passes as full, the earlier

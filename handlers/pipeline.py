@@ -179,11 +179,17 @@ def run_forward(
     rejected: Rejected = {}
     ran = []
     too_late: set[int] = set()  # requests refused for their deadline: none of their instances is worth a pass
+
+    def request_of(key: InstanceKey) -> int:
+        return key[0]
+
+    def deadline_of(key: InstanceKey) -> float | None:
+        return deadlines.get(key[0])
+
     for i, planned in enumerate(groups):
         if deadlines:
             to_come = [[key for key in keys if key[0] not in too_late] for keys in groups[i:]]
-            request, deadline = (lambda key: key[0]), (lambda key: deadlines.get(key[0]))
-            too_late |= refused_requests(to_come, request, deadline, 1000 * time.time(), pace.ms)
+            too_late |= refused_requests(to_come, request_of, deadline_of, 1000 * time.time(), pace.ms)
         group = []
         for key in planned:
             if key[0] in too_late:

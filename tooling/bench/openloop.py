@@ -154,26 +154,12 @@ class OpenLoopResult:
         }
 
 
-def arrival_times(rate: float, count: int, arrivals: str, seed: int = 0) -> list[float]:
-    """Seconds after the start at which each of `count` requests is sent, at `rate` per second on average."""
-    if arrivals == "constant":
-        return [i / rate for i in range(count)]
-    if arrivals == "poisson":
-        rng = random.Random(seed)
-        times, t = [], 0.0
-        for _ in range(count):
-            times.append(t)
-            t += rng.expovariate(rate)
-        return times
-    raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
-
-
 def schedule_for(rate: float, seconds: float, arrivals: str, seed: int = 0) -> list[float]:
     """Arrival times in [0, seconds) at `rate` per second on average, at least one: constant, round(rate x seconds)
     of them; Poisson, exponential gaps until `seconds` is reached (the count varies, as a Poisson process's does,
     and the arrivals span the whole time, so a window near its end is as loaded as one near its start)."""
     if arrivals == "constant":
-        return arrival_times(rate, max(1, round(rate * seconds)), arrivals)
+        return [i / rate for i in range(max(1, round(rate * seconds)))]
     if arrivals == "poisson":
         rng = random.Random(seed)
         times, t = [], 0.0
