@@ -125,6 +125,12 @@ def refused_requests(
     """The requests to refuse before the next of `passes`: those in_time does not answer whole. A request is
     answered only whole, so one that in_time keeps in part is taken out and the choice made again without it (a
     pass it filled may no longer be the one to run), until every request in_time keeps, it keeps whole."""
+    # Every pass runs in time when the latest, now + (passes) x pace, meets the earliest deadline: nothing to choose.
+    # Checked first because it is the usual case and costs one look at each instance, where the choice below costs
+    # passes x instances and runs before every pass: on a batch of 128 passes it took longer than the passes.
+    deadlines = [d for keys in passes for d in map(deadline_of, keys) if d is not None]
+    if not deadlines or min(deadlines) >= now_ms + sum(1 for keys in passes if keys) * pace_ms:
+        return set()
     out: set = set()
     while True:
         left = [[key for key in keys if request_of(key) not in out] for keys in passes]

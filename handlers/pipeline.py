@@ -85,7 +85,8 @@ def read_requests(
             parsed.append(read_request(item, item_headers, options.max_bytes, options.max_instances))
         except Exception:  # a bug in reading one request must not cost its neighbours theirs
             logger.exception("reading request %d of the batch failed; it gets 500", len(parsed))
-            parsed.append(ParsedRequest(PREDICTIONS, error=rejection.internal_error()))
+            on_kserve = route_of(item_headers) == ROUTE_KSERVE  # its 500 in the form its client reads
+            parsed.append(ParsedRequest(PREDICTIONS, error=rejection.internal_error(), kserve_route=on_kserve))
     return parsed
 
 
@@ -179,6 +180,8 @@ def run_forward(
     rejected: Rejected = {}
     ran = []
     too_late: set[int] = set()  # requests refused for their deadline: none of their instances is worth a pass
+    # Of those, the ones refused for the pace alone, not yet late when refused: only they say the pace may be too high.
+    refused_for_pace: set[int] = set()
 
     def request_of(key: InstanceKey) -> int:
         return key[0]
@@ -189,7 +192,10 @@ def run_forward(
     for i, planned in enumerate(groups):
         if deadlines:
             to_come = [[key for key in keys if key[0] not in too_late] for keys in groups[i:]]
-            too_late |= refused_requests(to_come, request_of, deadline_of, 1000 * time.time(), pace.ms)
+            now_ms = 1000 * time.time()
+            refused = refused_requests(to_come, request_of, deadline_of, now_ms, pace.ms)
+            too_late |= refused
+            refused_for_pace |= {r for r in refused if deadlines[r] >= now_ms}
         group = []
         for key in planned:
             if key[0] in too_late:
@@ -210,7 +216,9 @@ def run_forward(
                 rejected[key] = row
             else:
                 predictions[key] = Prediction(row.tolist(), encodings[key].truncated)
-    if deadlines and not ran:
+    # A batch that ran no pass because the pace refused its requests measured nothing, and the estimate may be why;
+    # a batch whose items were all invalid, or already late, says nothing about the pace and leaves it as it is.
+    if refused_for_pace and not ran:
         pace.ran_nothing()
     return predictions, rejected, ran
 

@@ -71,7 +71,9 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     # Hugging Face wrapper resets on every call; this copy is set once.
     fast = Tokenizer.from_str(backend.to_str())
     fast.no_padding()
-    fast.enable_truncation(max_length)
+    # The side the checkpoint cuts from, as the wrapper passes it: a tokenizer saved with truncation_side="left"
+    # keeps a long text's end, and enable_truncation's default would keep its beginning instead.
+    fast.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right"))
     return TextEncoder(tokenizer, max_length, fast, features, ascii_shortcut(fast))
 
 

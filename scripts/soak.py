@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS growth after warm-up {growth:+.1f} MB ({growth / warm_rss:+.1%})"
     )
     if rate:
+        # Latency counts from each request's scheduled arrival; the send lag says how far the generator, on the
+        # same cores, fell behind that schedule (a large one means it measured itself as much as the server).
+        lags = outcome[3]
+        print(f"send lag: p99 {percentile_ms(lags, 99):.1f} ms, max {1000 * max(lags, default=0.0):.1f} ms")
         return open_loop_verdict(outcome[2], seconds, failures, growth / warm_rss)
     if args.short and (failures or growth > args.max_rss_growth_mb):
         print(f"FAIL: expected no failures and RSS growth under {args.max_rss_growth_mb} MB")

@@ -63,10 +63,10 @@ def make_request(rng: random.Random) -> tuple[bytes, str, int]:
 
 def drive_open_loop(
     server: TorchServe, model: str, seconds: float, rate: float, seed: int
-) -> tuple[int, list[str], list[tuple[float, float]]]:
+) -> tuple[int, list[str], list[tuple[float, float]], list[float]]:
     """The same mix arriving open-loop at `rate` per second (Poisson), whatever the answers: (sent, failures,
-    (sent at, seconds) of each valid request answered 200). A request fails as in drive(), or when it is not
-    answered within 60 s."""
+    (sent at, seconds from its scheduled arrival) of each valid request answered 200, each request's send lag in
+    seconds). A request fails as in drive(), or when it is not answered within 60 s."""
     from tooling.bench.openloop import open_loop_payloads
 
     rng = random.Random(seed)
@@ -81,7 +81,7 @@ def drive_open_loop(
             failures.append(f"status {outcome.status}, expected {expected}")
         elif expected == 200:
             latencies.append((outcome.sent_at, outcome.seconds))
-    return result.offered, failures, latencies
+    return result.offered, failures, latencies, [outcome.lag for outcome in result.outcomes]
 
 
 def worker_rss_mb(server: TorchServe, model: str) -> float:

@@ -190,3 +190,24 @@ def test_pairs_are_joined_and_cut_as_the_wrapper_does_them_in_a_batch_with_singl
             assert encoding.truncated == cut or (len(ids) > cap and cap < 4)
         if "token_type_ids" in encodings[1].features:
             assert set(encodings[1].features["token_type_ids"]) == {0, 1}  # the second text marked as such
+
+
+@pytest.mark.parametrize("cap", [6, 16])
+def test_a_tokenizer_that_cuts_from_the_left_is_cut_from_the_left(checkpoint, cap):
+    """truncation_side, saved with a checkpoint or given at load, is the side transformers' pipeline cuts from:
+    a text cut from the left keeps its end. Single texts (ASCII, through the shortcut, and not) and pairs."""
+    from handlers.instances import TextPair
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True, truncation_side="left")
+    long = " ".join(f"w{n}" for n in range(40))
+    batch = [long, "Café " + long, TextPair(long, "a short second text"), TextPair("a b", long)]
+    expected = [
+        tokenizer(*([t.text, t.text_pair] if isinstance(t, TextPair) else [t]), truncation=True, max_length=cap)
+        for t in batch
+    ]
+    for encodings in (encode(text_encoder(tokenizer, cap), batch), through_the_wrapper(tokenizer, batch, cap)):
+        for encoding, wanted in zip(encodings, expected, strict=True):
+            assert encoding.features["input_ids"] == wanted["input_ids"] and encoding.truncated
+    # The end of the long text survives, its beginning does not.
+    kept = tokenizer.decode(expected[0]["input_ids"], skip_special_tokens=True)
+    assert "w39" in kept and "w0 " not in kept

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from handlers.deadline import DEADLINE_HEADER, in_time, past_deadline, read_deadline
+from handlers.deadline import DEADLINE_HEADER, in_time, past_deadline, read_deadline, refused_requests
 
 NOW_MS = 1_800_000_000_000.0
 
@@ -58,3 +60,19 @@ def test_fewer_passes_answer_more_a_pass_dropped_no_longer_delays_the_others():
     passes = [["x"], ["a", "b", "c"], ["y"]]
     due = dict.fromkeys("xyabc", NOW_MS + 150)  # room for one 100 ms pass: the fullest runs
     assert in_time(passes, due.get, NOW_MS, 100.0) == {"a", "b", "c"}
+
+
+@given(
+    st.lists(st.lists(st.one_of(st.none(), st.integers(0, 1000)), max_size=4), max_size=6),
+    st.integers(0, 300),
+)
+def test_when_every_pass_ends_by_the_earliest_deadline_nothing_is_refused_as_the_full_choice_agrees(due, pace_ms):
+    """refused_requests skips the choice when the last pass ends by the earliest deadline. The choice itself keeps
+    everything then, so the shortcut changes no answer; and otherwise the choice is made."""
+    passes = [[(p, i) for i in range(len(keys))] for p, keys in enumerate(due)]
+    deadline_of = {(p, i): None if d is None else NOW_MS + d for p, keys in enumerate(due) for i, d in enumerate(keys)}
+    request_of = lambda key: key  # noqa: E731 - each instance a request of its own
+    refused = refused_requests(passes, request_of, deadline_of.get, NOW_MS, float(pace_ms))
+    everything = {key for keys in passes for key in keys}
+    kept = in_time(passes, deadline_of.get, NOW_MS, float(pace_ms))
+    assert refused == everything - kept
