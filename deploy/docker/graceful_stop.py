@@ -10,14 +10,21 @@ this process only. This process then:
 1. keeps TorchServe serving until the requests it admitted are answered: admitted
    (ts_inference_requests_total) minus answered by the handler (bert_items_total, one per request)
    minus answered by the frontend without the handler (5xx: queue full, a lost worker; Requests5XX
-   less the handler's own 5xx) reaches 0, read from the metrics port of the configuration. A
-   request arriving meanwhile is admitted and waited for too. It keeps serving for at least
-   --linger seconds (default 5) even when idle: a pod leaves the Service's endpoints while it gets
-   SIGTERM (KServe RawDeployment has no preStop hook), and requests routed before every proxy knows
-   still arrive. At most --drain-timeout seconds (default: the largest responseTimeout of the
+   less the handler's own 5xx, its 503 DeadlineExceeded included) reaches 0, read from the metrics
+   port of the configuration. A request arriving meanwhile is admitted and waited for too. It keeps
+   serving for at least --linger seconds (default 5) even when idle: requests routed before every
+   proxy knows the pod is leaving still arrive (a preStop hook covers most of that time where the
+   pod has one). At most --drain-timeout seconds (default: the largest responseTimeout of the
    configuration's model_snapshot, plus 5);
 2. sends SIGTERM to TorchServe's process group (launcher, frontend, workers), SIGKILL after
    --stop-timeout seconds, and exits with TorchServe's status.
+
+Requests5XX counts every 5xx the frontend writes (TorchServe 0.12 NettyUtils.sendHttpResponse), the
+liveness probe's /ping 500 too, which stands for no admitted request and lowers the count. That cannot
+end a drain early: /ping answers 500 only once a worker has failed to come back for maxRetryTimeoutInSec
+(300 s, never set here), the worker stays given up for the life of the process, and readiness (every
+worker READY, model_ready.py) has kept the pod out of the endpoints since it died, longer than any
+admitted request stays open (responseTimeout, tests/deploy checks it is shorter).
 
 Standard library only: it runs in the image. The pod's terminationGracePeriodSeconds must cover the
 preStop hook, the drain and the stop (tests/deploy checks it).
@@ -42,9 +49,12 @@ import urllib.request
 # The readiness probe's reader, installed next to this file (/usr/local/bin, deploy/docker).
 from model_ready import read_properties
 
-# The handler's own 5xx answers (handlers/rejection.py); tests/deploy checks they match the
-# recording rule instance:bert_unavailable_per_second in deploy/prometheus/rules.yaml.
-HANDLER_5XX_REASONS = ("InferenceFailed", "OutOfMemory", "InternalError")
+# Every 5xx the handler answers itself (handlers/rejection.py; tests/deploy checks the list against it). Each
+# such request is counted twice: in bert_items_total (every request of a batch) and, by its HTTP status, in
+# TorchServe's Requests5XX, so it must leave the frontend's share, DeadlineExceeded (503) included. The
+# recording rule instance:bert_unavailable_per_second (deploy/prometheus/rules.yaml) subtracts all but
+# DeadlineExceeded: it counts that 503 as shed on purpose, and never as "answered by the frontend".
+HANDLER_5XX_REASONS = ("InferenceFailed", "OutOfMemory", "InternalError", "DeadlineExceeded")
 DRAIN_MARGIN_S = 5
 DEFAULT_LINGER_S = 5.0
 DEFAULT_STOP_TIMEOUT_S = 20.0

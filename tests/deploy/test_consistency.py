@@ -18,6 +18,7 @@ import yaml
 from tests.deploy.manifests import (
     DEPLOY,
     KSERVE,
+    KSERVE_MODES,
     KUBERNETES,
     OVERLAYS,
     by_kind,
@@ -27,6 +28,7 @@ from tests.deploy.manifests import (
     exec_form,
     fake_archive,
     one,
+    queue_proxy,
     render,
     render_kserve,
 )
@@ -211,26 +213,47 @@ def _graceful_stop() -> dict:
         sys.path.remove(str(DEPLOY / "docker"))
 
 
+def _pre_stop_seconds(container: dict) -> int:
+    """The seconds of a container's preStop hook, a `sleep N` like the base Deployment's."""
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and len(command) == 2, command
+    return int(command[1])
+
+
 def test_termination_covers_the_prestop_the_drain_and_the_stop():
     """The grace period outlasts preStop + the entry command's drain (every admitted request answered,
-    at most the response timeout + margin, and its linger) + TorchServe's stop; KServe's RawDeployment
-    has no preStop (Knative forbids one in the shared ServingRuntime)."""
+    at most the response timeout + margin, and its linger) + TorchServe's stop, for the plain Deployment and
+    KServe's RawDeployment alike. RawDeployment's preStop is on the InferenceService's model container, which
+    KServe merges into the ServingRuntime's kserve-container (kserve v0.15.2 MergeRuntimeContainers) and no
+    Knative validates; the ServingRuntime, shared with Serverless, has none (Knative refuses `lifecycle` and
+    gives the container its own preStop), nor has Serverless's model container."""
     response_timeout = int(GENERATED["default_response_timeout"])
     [entry] = json.loads(GENERATED["model_snapshot"])["models"]["bert"].values()
     assert entry["responseTimeout"] == response_timeout
     stop = _graceful_stop()
     drain = max(stop["default_drain_timeout"](GENERATED), stop["DEFAULT_LINGER_S"])
     assert drain > response_timeout
+    pre_stops = set()
     for overlay, deployment in _deployments().items():
         spec = deployment["spec"]["template"]["spec"]
-        command = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
-        assert command[0] == "sleep"
-        pre_stop = int(command[1])
+        pre_stop = _pre_stop_seconds(_container(deployment))
+        pre_stops.add(pre_stop)
         assert pre_stop + drain + stop["DEFAULT_STOP_TIMEOUT_S"] < spec["terminationGracePeriodSeconds"], overlay
     assert "lifecycle" not in RUNTIME_CONTAINER
-    isvc = one(render_kserve("raw-deployment"), "InferenceService")
-    grace = isvc["spec"]["predictor"]["terminationGracePeriodSeconds"]
-    assert drain + stop["DEFAULT_STOP_TIMEOUT_S"] < grace
+    for mode in KSERVE_MODES:
+        docs = render_kserve(mode)
+        [runtime_container] = one(docs, "ServingRuntime")["spec"]["containers"]
+        assert "lifecycle" not in runtime_container, mode
+        predictor = one(docs, "InferenceService")["spec"]["predictor"]
+        if queue_proxy(mode):  # Serverless: Knative refuses a lifecycle and sets the grace period itself
+            assert "lifecycle" not in predictor["model"], mode
+            continue
+        merged = {**runtime_container, **predictor["model"]}  # a strategic merge, for the keys read here
+        pre_stop = _pre_stop_seconds(merged)
+        pre_stops.add(pre_stop)
+        grace = predictor["terminationGracePeriodSeconds"]
+        assert pre_stop + drain + stop["DEFAULT_STOP_TIMEOUT_S"] < grace, mode
+    assert len(pre_stops) == 1, pre_stops  # every pod leaves the endpoints for as long
 
 
 def test_the_entry_command_drains_and_stops_on_the_generated_configuration():
@@ -240,12 +263,24 @@ def test_the_entry_command_drains_and_stops_on_the_generated_configuration():
     command = exec_form(_instruction(RUNTIME, "CMD")[0])
     stop = _graceful_stop()
     assert stop["config_path"](command) == CONFIG_PATH
-    assert stop["HANDLER_5XX_REASONS"]  # the handler's 5xx, as the recording rule counts them:
+    # The drain subtracts every 5xx the handler answers from Requests5XX: bert_items_total already counts them.
+    assert set(stop["HANDLER_5XX_REASONS"]) == _handler_5xx_reasons()
     rules = (DEPLOY / "prometheus" / "rules.yaml").read_text()
     [reasons] = re.findall(r'Reason=~"([^"]+)"', rules)
-    assert tuple(reasons.split("|")) == stop["HANDLER_5XX_REASONS"]
+    # The recording rule instance:bert_unavailable_per_second subtracts the same ones but DeadlineExceeded,
+    # which it keeps on purpose: that 503 is load shed, as the frontend's queue-full 503. The drain asks
+    # another question (is a request still open?), and a DeadlineExceeded request is answered by the handler.
+    assert (*reasons.split("|"), "DeadlineExceeded") == stop["HANDLER_5XX_REASONS"]
     # Logging goes to standard output only (no rolling files in the /tmp emptyDir).
     assert command[command.index("--log-config") + 1] == _copy_destination("deploy/docker/log4j2.xml")
+
+
+def _handler_5xx_reasons() -> set[str]:
+    """The type of every Rejection handlers/rejection.py builds with a 5xx status."""
+    text = (REPO / "handlers" / "rejection.py").read_text()
+    reasons = {kind for status, kind in re.findall(r'Rejection\(\s*(\d{3}),\s*"(\w+)"', text) if int(status) >= 500}
+    assert "DeadlineExceeded" in reasons and "InferenceFailed" in reasons, reasons  # the pattern still reads the file
+    return reasons
 
 
 def test_the_root_file_system_is_read_only_and_everything_torchserve_writes_is_on_the_empty_dir():
@@ -267,6 +302,17 @@ def test_the_image_user_is_the_one_the_manifests_require():
         pod = deployment["spec"]["template"]["spec"]["securityContext"]
         assert pod["runAsNonRoot"] is True and pod["runAsUser"] == uid, overlay
     assert RUNTIME_CONTAINER["securityContext"]["runAsUser"] == uid
+
+
+def test_no_pod_mounts_a_service_account_token():
+    """Nothing in the pod calls the Kubernetes API: the plain Deployment and every KServe predictor opt out of the
+    token. KServe's is on the InferenceService's predictor pod spec (merged into the pod; the ServingRuntime's pod
+    spec has no such field), which Knative accepts when false."""
+    for overlay, deployment in _deployments().items():
+        assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, overlay
+    for mode in KSERVE_MODES:
+        predictor = one(render_kserve(mode), "InferenceService")["spec"]["predictor"]
+        assert predictor["automountServiceAccountToken"] is False, mode
 
 
 def test_every_launcher_starts_torchserve_with_umask_077_and_without_the_variables_that_replace_its_configuration():
@@ -405,3 +451,37 @@ def test_the_drain_counts_requests_answered_by_the_handler_or_refused_by_the_fro
     )
     assert outstanding(text) == 10 - 6 - (3 - 1)
     assert outstanding("") == 0  # TorchServe exports a counter only once it is non-zero
+
+
+def _metrics(admitted: int, handled: int, requests_5xx: int, deadline_exceeded: int) -> str:
+    return "\n".join(
+        [
+            f'ts_inference_requests_total{{model_name="bert",model_version="default",hostname="h"}} {admitted}.0',
+            f'bert_items_total{{ModelName="bert",Level="Model",Hostname="h"}} {handled}.0',
+            f'Requests5XX{{Level="Host",Hostname="h"}} {requests_5xx}.0',
+            'bert_rejected_items_total{ModelName="bert",Reason="DeadlineExceeded",Level="Model",Hostname="h"} '
+            f"{deadline_exceeded}.0",
+        ]
+    )
+
+
+def test_the_drain_counts_a_deadline_exceeded_503_once():
+    """The handler's 503 DeadlineExceeded is in bert_items_total (every request of a batch) and, by its HTTP
+    status, in Requests5XX: subtracted as both, every one of them would let the drain end with batches running."""
+    outstanding = _graceful_stop()["outstanding"]
+    # 10 admitted, 10 through the handler (2 of them refused DeadlineExceeded): nothing open.
+    assert outstanding(_metrics(admitted=10, handled=10, requests_5xx=2, deadline_exceeded=2)) == 0
+    # The same with 2 more still in a batch: 2 open, not 0.
+    assert outstanding(_metrics(admitted=12, handled=10, requests_5xx=2, deadline_exceeded=2)) == 2
+
+
+def test_a_ping_500_cannot_stand_for_an_open_request():
+    """Requests5XX also counts /ping's 500, which lowers the drain's count. TorchServe answers it only once a
+    worker has failed to come back for maxRetryTimeoutInSec (300 s by default; nothing here sets it), and
+    readiness has had the pod out of the endpoints since that worker died: every request admitted before then
+    is answered or timed out (responseTimeout) long before the first /ping 500 (graceful_stop.py's docstring)."""
+    max_retry_timeout = 300  # TorchServe 0.12's default (ModelConfig.maxRetryTimeoutInSec)
+    for entry in json.loads(GENERATED["model_snapshot"])["models"]["bert"].values():
+        assert "maxRetryTimeoutInSec" not in entry
+        assert entry["responseTimeout"] < max_retry_timeout
+    assert "maxRetryTimeoutInSec" not in yaml.safe_load((REPO / "model-config.yaml").read_text())
