@@ -2,8 +2,9 @@
 
 A thin adapter: at load it builds the model value (handlers/loading.py); for each batch
 it hands the requests and their headers to handlers/pipeline.py and writes each
-answer's status and content type back through TorchServe's context. One bad request
-never fails its neighbours, and handle() never raises.
+answer's status, content type and headers back through TorchServe's context (which
+its frontend copies onto each request's own HTTP reply). One bad request never fails
+its neighbours, and handle() never raises.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
-from handlers.responses import Answer, ModelIdentity, rejection_answer, to_json
+from handlers.protocols import ROUTE_KSERVE, route_of
+from handlers.responses import Answer, ModelIdentity, encode_answer, rejection_answer
 from handlers.tokenization import encode
 
 logger = logging.getLogger(__name__)
-
-JSON = "application/json"
 
 
 # TorchServe loads the one class this module defines; helpers live in other modules.
@@ -96,7 +96,9 @@ class BertSequenceClassifierHandler(BaseHandler):
             # The pipeline answers what it can itself; this is the net under the pipeline's own code.
             logger.exception("answer_batch raised on a batch of %d requests; every request gets 500", len(data))
             reason = rejection.internal_error()
-            outcome = BatchOutcome([rejection_answer(reason)] * len(data))
+            # Each in its own request's form: on a KServe route the error carries `error`, which its clients read.
+            on_kserve = [route_of(item_headers) == ROUTE_KSERVE for item_headers in headers]
+            outcome = BatchOutcome([rejection_answer(reason, kserve=kserve) for kserve in on_kserve])
         bodies = [self._respond(context, index, answer) for index, answer in enumerate(outcome.answers)]
         self.metrics.batch(len(data), outcome.forward_passes, outcome.real_tokens, outcome.padded_tokens)
         for stage, milliseconds in outcome.stage_ms.items():
@@ -107,19 +109,20 @@ class BertSequenceClassifierHandler(BaseHandler):
 
     def _respond(self, context, index: int, answer: Answer) -> bytes:
         # Encoded here, per item: TorchServe encodes a returned str after handle() returns, outside any guard,
-        # and one that cannot be written (a lone surrogate a client sent, a NaN) would kill the worker and
-        # every request of the batch. Such an answer becomes this item's 500.
+        # and one that cannot be written (a lone surrogate a client sent, a NaN, a value FP32 cannot hold) would
+        # kill the worker and every request of the batch. Such an answer becomes this item's 500 (JSON).
         try:
-            body = to_json(answer.body).encode("utf-8")
+            encoded = encode_answer(answer)
         except ValueError:  # UnicodeEncodeError among them
             logger.error(
-                "answer %d of the batch (status %d%s) cannot be written as UTF-8 JSON; it gets 500 instead",
+                "answer %d of the batch (status %d%s) cannot be written %s; it gets 500 instead",
                 index,
                 answer.status,
                 f", {answer.rejection.type}" if answer.rejection else "",
+                "in the binary tensor extension" if answer.binary_outputs else "as UTF-8 JSON",
             )
             answer = rejection_answer(rejection.internal_error(), answer.instance, answer.kserve)
-            body = to_json(answer.body).encode("utf-8")
+            encoded = encode_answer(answer)
         if answer.rejection is not None:
             reason = answer.rejection
             # The text is never logged: it may be personal data.
@@ -133,8 +136,11 @@ class BertSequenceClassifierHandler(BaseHandler):
             )
             self.metrics.rejected(reason.type)
             context.set_response_status(reason.status, reason.phrase, index)
-        context.set_response_content_type(index, JSON)
-        return body
+        # TorchServe 0.12's frontend (RestJob.responseInference) sets each of this item's headers on its reply.
+        context.set_response_content_type(index, encoded.content_type)
+        for name, value in encoded.headers:
+            context.set_response_header(index, name, value)
+        return encoded.body
 
 
 def _request_headers(context, index: int) -> dict[str, Any]:

@@ -16,7 +16,9 @@ The route decides before the body does (read_request): a request that came on a 
 read as v1/v2 JSON whatever its Content-Type (tritonclient.http sends none), and a body that is
 not an envelope is refused there, never answered in the /predictions format. A v2 request in the
 binary tensor extension (tritonclient's default: an `Inference-Header-Content-Length` header) has its
-binary inputs read into its JSON first (handlers/binary_tensors.py).
+binary inputs read into its JSON first (handlers/binary_tensors.py). Which outputs a v2 request asks for as binary
+(per output `parameters.binary_data`, else the request's `parameters.binary_data_output`) is read here too, and
+handlers/responses.py answers them so.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ParsedRequest:
     kserve_route: bool = False  # came on a KServe route: its errors carry the protocols' `error` field too
     text_input: int = 0  # KServe v2: the index of the input named "text" among two (pairs), for naming instances
     outputs: tuple[str, ...] = V2_OUTPUTS  # KServe v2: the output tensors asked for (all when none are named)
+    binary_outputs: tuple[str, ...] = ()  # KServe v2: those of `outputs` asked for in the binary tensor extension
 
     def instance_name(self, position: int) -> str:
         """How the answer names an instance: `instances[2]`, `inputs[0].data[3]`."""
@@ -231,29 +234,61 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         text_input = names.index(TEXT_FIELD)
         texts, pairs = columns[text_input], columns[1 - text_input]
         data = [TextPair(text, pair) for text, pair in zip(texts, pairs)]
-    outputs = _v2_outputs(document.get("outputs"))
-    if isinstance(outputs, str):
-        return malformed(outputs)
+    asked = _v2_outputs(document.get("outputs"), document.get("parameters"))
+    if isinstance(asked, str):
+        return malformed(asked)
+    outputs, binary_outputs = asked
     if len(data) > max_instances:
         error = rejection.too_many_instances(len(data), max_instances)
         return ParsedRequest(KSERVE_V2, error=error, request_id=request_id)
-    return ParsedRequest(KSERVE_V2, tuple(data), request_id=request_id, text_input=text_input, outputs=outputs)
+    return ParsedRequest(
+        KSERVE_V2, tuple(data), request_id=request_id, text_input=text_input, outputs=outputs,
+        binary_outputs=binary_outputs,
+    )  # fmt: skip
 
 
-def _v2_outputs(requested: Any) -> tuple[str, ...] | str:
-    """The output tensors a v2 request asks for (`outputs`, optional: all when absent), or what is wrong."""
+def _v2_outputs(requested: Any, parameters: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | str:
+    """The output tensors a v2 request asks for (`outputs`, optional: all when absent) and those of them it asks
+    for as binary, or what is wrong.
+
+    The binary data extension's flags: an output's `parameters.binary_data` says whether it comes back binary; one
+    that does not say follows the request's `parameters.binary_data_output` (JSON when neither says). tritonclient
+    sets the first on every output it names (True by default) and the second when it names none."""
+    every = _flag(parameters, "binary_data_output", "parameters")
+    if isinstance(every, str):
+        return every
     if requested is None or requested == []:  # none named: every one, as Triton answers
-        return V2_OUTPUTS
+        return V2_OUTPUTS, V2_OUTPUTS if every else ()
     if not isinstance(requested, list):
         return f"'outputs' must be an array of {{\"name\": ...}}, got {json_type_name(requested)}"
-    names = []
+    names, binary = [], set()
     for index, tensor in enumerate(requested):
         if not isinstance(tensor, Mapping):
             return f"outputs[{index}] must be an object with a 'name', got {json_type_name(tensor)}"
         if tensor.get("name") not in V2_OUTPUTS:
             return f"outputs[{index}].name must be one of {', '.join(V2_OUTPUTS)}, got {tensor.get('name')!r}"
+        own = _flag(tensor.get("parameters"), "binary_data", f"outputs[{index}].parameters")
+        if isinstance(own, str):
+            return own
         names.append(tensor["name"])
-    return tuple(name for name in V2_OUTPUTS if name in names)
+        if own or (own is None and every):  # named twice, once as binary: binary (the client can read that)
+            binary.add(tensor["name"])
+    return tuple(name for name in V2_OUTPUTS if name in names), tuple(name for name in V2_OUTPUTS if name in binary)
+
+
+def _flag(parameters: Any, key: str, where: str) -> bool | str | None:
+    """A boolean flag of a `parameters` object: True, False, None when not given, or what is wrong (a message).
+
+    A flag that is not a boolean is refused rather than guessed: either guess could answer the client in an
+    encoding it does not read."""
+    if parameters is None:
+        return None
+    if not isinstance(parameters, Mapping):
+        return f"{where} must be an object, got {json_type_name(parameters)}"
+    value = parameters.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    return f"{where}.{key} must be a boolean, got {json_type_name(value)}"
 
 
 def _v2_texts(tensor: Any, index: int) -> list[str] | str:

@@ -1,8 +1,10 @@
-"""Instance results -> the status and JSON body each request gets, in its own format. Pure and torch-free.
+"""Instance results -> the status and body each request gets, in its own format. Pure and torch-free.
 
 A request is answered as a whole: 200 when every instance is served, otherwise one error
 (which one: handlers/pipeline.first_rejection), naming its instance (`instances[2]: ...`,
-`inputs[0].data[3]: ...`), in TorchServe's error shape.
+`inputs[0].data[3]: ...`), in TorchServe's error shape. An Answer holds its body as JSON values;
+encode_answer writes it: JSON, or, for a KServe v2 success asking for binary outputs, the binary
+tensor extension's layout (handlers/binary_tensors.py). Errors are always JSON.
 """
 
 from __future__ import annotations
@@ -12,8 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from handlers.binary_tensors import BINARY_SIZE, RESPONSE_HEADER_LENGTH, tensor_bytes
 from handlers.protocols import KSERVE_V1, KSERVE_V2, ParsedRequest
 from handlers.rejection import Rejection
+
+JSON_CONTENT = "application/json"
+# A binary answer's type, as the binary data extension's own example answers: the body is no longer JSON as a whole.
+# (tritonclient and KServe's REST client frame it by Inference-Header-Content-Length, not by this type.)
+BINARY_CONTENT = "application/octet-stream"
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,16 @@ class Answer:
     rejection: Rejection | None = None  # set when status is an error
     instance: str = ""  # which instance the error names, for the log line
     kserve: bool = False  # a KServe request's (or one on a KServe route): its errors carry the `error` field
+    binary_outputs: tuple[str, ...] = ()  # a KServe v2 success's outputs written in the binary tensor extension
+
+
+@dataclass(frozen=True)
+class EncodedAnswer:
+    """An answer as it leaves: its bytes, its content type, and any other response header it needs."""
+
+    body: bytes
+    content_type: str = JSON_CONTENT
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def rejection_answer(reason: Rejection, instance: str = "", kserve: bool = False) -> Answer:
@@ -91,7 +109,8 @@ def success_answer(
     if request.protocol == KSERVE_V1:
         return Answer(200, {"predictions": [prediction_body(p, labels) for p in predictions]}, kserve=True)
     if request.protocol == KSERVE_V2:
-        return Answer(200, _v2_body(request, predictions, labels, model), kserve=True)
+        body = _v2_body(request, predictions, labels, model)
+        return Answer(200, body, kserve=True, binary_outputs=request.binary_outputs)
     return Answer(200, prediction_body(predictions[0], labels), kserve=request.kserve_route)
 
 
@@ -119,3 +138,24 @@ def _v2_body(
     ]
     body["outputs"] = [output for output in outputs if output["name"] in request.outputs]  # what it asked for
     return body
+
+
+def encode_answer(answer: Answer) -> EncodedAnswer:
+    """The answer's bytes: compact JSON, or, where outputs are asked for as binary, the binary tensor extension's
+    layout: the JSON header, each such output with `parameters.binary_data_size` in place of its `data`, then
+    their bytes in the order of `outputs`, the header's length in `Inference-Header-Content-Length`.
+
+    ValueError when it cannot be written (a lone surrogate, a NaN in JSON, a value FP32 cannot hold): the caller
+    answers that one request 500 instead."""
+    if not answer.binary_outputs:
+        return EncodedAnswer(to_json(answer.body).encode("utf-8"))
+    outputs, blobs = [], []
+    for output in answer.body["outputs"]:
+        if output["name"] in answer.binary_outputs:
+            blob = tensor_bytes(output["datatype"], output["data"])
+            output = {key: value for key, value in output.items() if key != "data"}
+            output["parameters"] = {BINARY_SIZE: len(blob)}
+            blobs.append(blob)
+        outputs.append(output)
+    header = to_json({**answer.body, "outputs": outputs}).encode("utf-8")
+    return EncodedAnswer(header + b"".join(blobs), BINARY_CONTENT, ((RESPONSE_HEADER_LENGTH, str(len(header))),))

@@ -121,6 +121,28 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         "MalformedRequest",
         "outputs[1].name must be one of label, score, probabilities, truncated, got 'logits'",
     ),
+    # The binary data extension's flags are booleans: any other value is refused, not guessed either way.
+    (
+        "v2 binary_data not a boolean",
+        {**v2_one, "outputs": [{"name": "label", "parameters": {"binary_data": "true"}}]},
+        400,
+        "MalformedRequest",
+        "outputs[0].parameters.binary_data must be a boolean, got string",
+    ),
+    (
+        "v2 binary_data_output not a boolean",
+        {**v2_one, "parameters": {"binary_data_output": 1}},
+        400,
+        "MalformedRequest",
+        "parameters.binary_data_output must be a boolean, got number",
+    ),
+    (
+        "v2 parameters not an object",
+        {**v2_one, "parameters": []},
+        400,
+        "MalformedRequest",
+        "parameters must be an object",
+    ),
     # 64 instances per request is the default max_instances handler option.
     ("v1 too many instances", {"instances": ["x"] * 65}, 413, "TooManyInstances", "limit is 64"),
     (

@@ -242,6 +242,61 @@ def test_an_answer_that_cannot_be_written_is_that_items_500_and_torchserve_sends
     assert create_predict_response(out, request_ids, "Prediction success", 200, context)  # raised before
 
 
+def test_when_answer_batch_raises_each_request_gets_500_in_its_own_routes_form(loaded_handler, context, monkeypatch):
+    """The net under the pipeline answers every request 500 InternalError; one that came on a KServe route carries
+    the message as `error` too, the protocols' error shape that tritonclient and KServe's client raise with."""
+    from ts.context import RequestProcessor
+
+    import handlers.bert_handler as module
+    from tests.request_shapes import grpc, raw_body
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug under the pipeline's own guards")
+
+    monkeypatch.setattr(module, "answer_batch", broken)
+    data = set_batch(context, [(b"x", TEXT)] * 4)
+    on_kserve = {key: value for key, value in raw_body(b"x")[1].items() if key != "url_path"}  # `explain` only
+    routes = [on_kserve, raw_body(b"x")[1], grpc({"data": b"x"})[1], on_kserve]  # KServe, /predictions, gRPC
+    for index, headers in enumerate(routes):
+        context.request_processor[index] = RequestProcessor(headers)
+    bodies = [json.loads(body) for body in loaded_handler.handle(data, context)]
+    assert statuses(context, 4) == [500] * 4
+    assert {body["type"] for body in bodies} == {"InternalError"}
+    assert [body.get("error") == body["message"] for body in bodies] == [True, False, False, True]
+
+
+def test_a_binary_answer_that_cannot_be_written_is_that_items_json_500(loaded_handler, context, monkeypatch):
+    """A KServe v2 answer asking for binary outputs is written in the binary tensor extension's layout; one that
+    cannot be (here a label UTF-8 cannot hold) is that item's 500, in JSON with no extension header, while the
+    others of the batch keep theirs."""
+    import handlers.bert_handler as module
+    from handlers.pipeline import BatchOutcome
+    from handlers.responses import Answer
+
+    def outputs(label: str) -> dict:
+        return {
+            "model_name": "tiny",
+            "outputs": [{"name": "label", "datatype": "BYTES", "shape": [1], "data": [label]}],
+        }
+
+    def outcome(data, headers, served, identity, pace) -> BatchOutcome:
+        binary = {"kserve": True, "binary_outputs": ("label",)}
+        answers = [Answer(200, outputs("ok"), **binary), Answer(200, outputs("\ud800"), **binary), Answer(200, {})]
+        return BatchOutcome(answers)
+
+    monkeypatch.setattr(module, "answer_batch", outcome)
+    out = loaded_handler.handle(set_batch(context, [(b"a", TEXT)] * 3), context)
+    assert statuses(context, 3) == [200, 500, 200]
+    headers = [context.get_response_headers(index) for index in range(3)]
+    length = int(headers[0]["Inference-Header-Content-Length"])
+    assert headers[0] == {"content-type": "application/octet-stream", "Inference-Header-Content-Length": str(length)}
+    assert json.loads(out[0][:length])["outputs"][0]["parameters"] == {"binary_data_size": 6}
+    assert out[0][length:] == b"\x02\x00\x00\x00ok"
+    assert headers[1] == headers[2] == {"content-type": "application/json"}
+    failed = json.loads(out[1])
+    assert (failed["type"], failed["error"]) == ("InternalError", failed["message"])
+
+
 def test_the_handler_hands_its_batches_the_workers_pace_which_they_measure(unpacked_model_dir):
     """The deadline check before a batch's first pass reads the pace the batches before measured (handlers/
     deadline.PassPace): the handler keeps it and hands it in. With a pace of a minute a pass, a request due in ten

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 
+import numpy as np
 import pytest
 
 from tests.kserve_cases import MALFORMED, v1, v2
+from tests.request_shapes import raw_body
 from tests.support import JSON, TEXT, expected_alone, statuses
 from tooling.inprocess import load_handler, make_context, set_batch
 
@@ -87,3 +90,94 @@ def test_a_failing_instance_fails_its_request_only(unpacked_model_dir, caplog):
         "rejected item: reason=InferenceFailed status=500 index=1 request_id=req-1 instance=inputs[0].data[1]"
     ]
     assert "POISON" not in caplog.text
+
+
+# ---- binary outputs: per item, through TorchServe's own worker message ------------------------------------------
+
+
+def tritonclient_request(texts: list[str], outputs=None) -> tuple[bytes, dict]:
+    """(body, the headers the worker hands the handler) for tritonclient.http's infer on the v2 route: binary inputs,
+    and the outputs it asks for (None, its default: every output, binary)."""
+    import tritonclient.http as triton
+
+    tensor = triton.InferInput("text", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array(texts, dtype=object))
+    body, json_size = triton.InferenceServerClient.generate_request_body([tensor], outputs, request_id="t1")
+    _, headers = raw_body(body)  # tritonclient sends no Content-Type
+    headers = {key: value for key, value in headers.items() if key != "url_path"}  # the v2 route: `explain` only
+    headers["Inference-Header-Content-Length"] = str(json_size)
+    return body, headers
+
+
+def worker_replies(message: bytes, n: int) -> list[tuple[str, int, dict[str, str], bytes]]:
+    """TorchServe 0.12's worker message (ts/protocol/otf_message_handler.create_predict_response), read back as
+    the frontend reads it: (content type, status, headers, body) per item, each of which it puts on that item's
+    own HTTP reply (RestJob.responseInference)."""
+    offset = 0
+
+    def integer() -> int:
+        nonlocal offset
+        (value,) = struct.unpack_from("!i", message, offset)
+        offset += 4
+        return value
+
+    def blob() -> bytes:
+        nonlocal offset
+        length = integer()
+        offset += length
+        return message[offset - length : offset]
+
+    integer(), blob()  # the batch's code and message
+    replies = []
+    for _ in range(n):
+        blob()  # request id
+        content_type, status, _phrase = blob().decode(), integer(), blob()
+        headers = {blob().decode(): blob().decode() for _ in range(integer())}
+        replies.append((content_type, status, headers, blob()))
+    assert integer() == -1 and offset == len(message)  # the end of the batch's list
+    return replies
+
+
+def test_binary_outputs_are_answered_per_item_beside_json_ones(loaded_handler, unpacked_model_dir):
+    """tritonclient's default asks for every output as binary: that item's reply is the extension's layout, with its
+    own content type and Inference-Header-Content-Length, while its neighbours in the batch stay JSON."""
+    import tritonclient.http as triton
+    from ts.context import RequestProcessor
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    texts = ["a quiet room with a view", "dreadful food", "the staff were kind"]
+    binary = tritonclient_request(texts[:2])
+    mixed = tritonclient_request(
+        texts[1:], [triton.InferRequestedOutput("label", binary_data=False), triton.InferRequestedOutput("score")]
+    )
+    items = [binary[0], json.dumps(v2(*texts, request_id="j1")).encode(), mixed[0], texts[2].encode(), b"{}"]
+    context = make_context(unpacked_model_dir)
+    data = set_batch(context, [(item, None) for item in items])
+    on_v2 = {key: value for key, value in raw_body(b"")[1].items() if key != "url_path"}
+    for index, headers in enumerate([binary[1], on_v2, mixed[1], {"body": {"content-type": TEXT}}, on_v2]):
+        context.request_processor[index] = RequestProcessor(headers)
+    out = loaded_handler.handle(data, context)
+    replies = worker_replies(create_predict_response(out, context.request_ids, "Prediction success", 200, context), 5)
+    assert [status for _, status, _, _ in replies] == [200, 200, 200, 200, 400]
+    alone = {t: a for t, a in zip(texts, expected_alone(loaded_handler, unpacked_model_dir, texts))}
+
+    content_type, _, headers, body = replies[0]
+    assert content_type == "application/octet-stream" and headers["content-type"] == content_type
+    result = triton.InferResult.from_response_body(body, header_length=int(headers["Inference-Header-Content-Length"]))
+    assert result.as_numpy("label").tolist() == [alone[t]["label"].encode() for t in texts[:2]]  # bytes, as Triton
+    assert result.as_numpy("score").tolist() == pytest.approx([alone[t]["score"] for t in texts[:2]], abs=1e-4)
+    assert result.as_numpy("truncated").tolist() == [False, False]
+    assert result.get_response()["id"] == "t1"
+
+    content_type, _, headers, body = replies[2]  # label asked for as JSON, score left to binary_data's default
+    assert content_type == "application/octet-stream"
+    result = triton.InferResult.from_response_body(body, header_length=int(headers["Inference-Header-Content-Length"]))
+    assert result.as_numpy("label").tolist() == [alone[t]["label"] for t in texts[1:]]
+    assert result.as_numpy("score").tolist() == pytest.approx([alone[t]["score"] for t in texts[1:]], abs=1e-4)
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["label", "score"]
+
+    for index in (1, 3, 4):  # the JSON v2 answer, the plain one and the error: JSON, no extension header
+        content_type, _, headers, body = replies[index]
+        assert (content_type, set(headers)) == ("application/json", {"content-type"}), index
+        json.loads(body)
+    assert json.loads(replies[1][3])["outputs"][0]["data"] == [alone[t]["label"] for t in texts]
