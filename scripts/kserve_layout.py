@@ -1,8 +1,14 @@
 """Build KServe's TorchServe storage layout, with the cluster configuration, from an archive.
 
     python -m scripts.kserve_layout model_store/bert.mar --out build/kserve \\
-        [--name bert --batch-size 8 --max-batch-delay 2 --workers 1 --response-timeout 60] [--gpus N]
-        [--latency-budget-ms 1000 --throughput-rps R]   # the queue: docs/reliability.md, "Overload"
+        [--name bert --batch-size 8 --max-batch-delay 2 --workers W --response-timeout 60] [--gpus N]
+        [--pod-cpus 2] [--latency-budget-ms 1000 --throughput-rps R]   # the queue: docs/reliability.md, "Overload"
+
+--workers defaults to as many workers as the CPU pod's CPUs hold: --pod-cpus (2, the CPU limit of the manifests in
+deploy/kubernetes and deploy/kserve) divided by the archive's handler option cpu_threads. The set-up's archive
+(model_store/bert.mar, ONNX fp32 with cpu_threads 1) gets 2 one-thread workers, the layout that served 180.2
+requests/s at 16 clients on 2 cores (docs/benchmarks.md, "Backends"); an archive with cpu_threads 0 (every CPU the
+pod may use, handlers/cpu_quota.py) gets one worker (docs/batching.md, "Workers and threads on a CPU").
 
 --gpus N lays it out for pods with N GPUs: 8 workers per GPU, batch 128, 5 ms (on an H100 at 1,024 clients
 8 workers served 3.6x what one did, 8,757 against 2,409 requests/s, with a 5 ms delay: docs/benchmarks.md#gpu),
@@ -43,14 +49,32 @@ STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"
 STORAGE_URI_GPU = "deploy/kserve/components/gpu/kustomization.yaml"
 
 
-def holds_onnx_model(archive: Path) -> bool:
-    """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
-    from the archive's model-config.yaml) holds model.onnx (handlers/loading.backend_of)."""
+# The CPU pods' CPUs: requests = limits = 2 in deploy/kubernetes/base/deployment.yaml and in the ServingRuntime
+# of deploy/kserve/serverless (tests/unit/test_kserve_layout_backend.py checks both).
+POD_CPUS = 2
+
+
+def handler_options(archive: Path) -> dict:
+    """The `handler:` section of the archive's model-config.yaml (empty when it has none)."""
     config_name = manifest_model(archive).get("configFile")  # raises NotAnArchive for a file that is not one
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read(config_name)) if config_name else None
-        subdir = ((config or {}).get("handler") or {}).get("model_subdir", HandlerOptions.model_subdir)
+    return (config or {}).get("handler") or {}
+
+
+def holds_onnx_model(archive: Path) -> bool:
+    """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
+    from the archive's model-config.yaml) holds model.onnx (handlers/loading.backend_of)."""
+    subdir = handler_options(archive).get("model_subdir", HandlerOptions.model_subdir)
+    with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
+
+
+def cpu_workers(archive: Path, pod_cpus: int) -> int:
+    """Workers for a CPU pod: as many as its CPUs hold at the archive's cpu_threads each; one for cpu_threads 0,
+    whose worker runs as many threads as the pod's CPU limit allows."""
+    threads = int(handler_options(archive).get("cpu_threads", HandlerOptions.cpu_threads))
+    return max(1, pod_cpus // threads) if threads > 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers",
         type=int,
-        help=f"workers per pod; default 1, {GPU_WORKERS_PER_GPU} per GPU with --gpus (CPU: docs/batching.md)",
+        help=f"workers per pod; default --pod-cpus / the archive's cpu_threads (1 for cpu_threads 0), "
+        f"{GPU_WORKERS_PER_GPU} per GPU with --gpus (docs/batching.md)",
+    )
+    parser.add_argument(
+        "--pod-cpus",
+        type=int,
+        default=POD_CPUS,
+        help=f"CPUs of each CPU pod, for the default --workers (default {POD_CPUS}, the manifests' CPU limit)",
     )
     parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
     parser.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
@@ -83,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_size = GPU_BATCH_SIZE if gpu else DEFAULT_BATCH_SIZE
     if args.max_batch_delay is None:
         args.max_batch_delay = GPU_MAX_BATCH_DELAY_MS if gpu else DEFAULT_MAX_BATCH_DELAY_MS
-    if args.workers is None:
-        args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else 1
     if args.throughput_rps is None and gpu:
         args.throughput_rps = machine_throughput("gpu", args.gpus)
     if not args.archive.is_file():
@@ -92,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         onnx = holds_onnx_model(args.archive)
+        if args.workers is None:
+            args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else cpu_workers(args.archive, args.pod_cpus)
     except NotAnArchive as exc:
         print(f"kserve_layout: {exc}", file=sys.stderr)
         return 2
@@ -129,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     default_layout = out == Path("build/kserve")
     layout_arg = "" if default_layout else f" --build-arg LAYOUT={out}"
     layout_note = "" if default_layout else f"{'':24}(LAYOUT: a folder inside the repository, see .dockerignore)\n"
-    print(f"wrote {config}")
+    print(f"wrote {config} ({args.workers} workers per pod)")
     print(f"wrote {config.parent / 'metrics.yaml'}")
     print(f"wrote {out / 'model-store' / (args.name + '.mar')}")
     print(

@@ -22,6 +22,13 @@ cd "$(dirname "$0")/.."
 
 WORKERS_PER_GPU=8
 
+# This script talks to TorchServe with curl, which no set-up step installs: said now, before a set-up of minutes.
+if ! command -v curl >/dev/null 2>&1; then
+  echo "scripts/serve.sh needs curl, which is not on PATH: install the curl package" \
+    "(Debian/Ubuntu: sudo apt-get install -y curl), then run it again" >&2
+  exit 1
+fi
+
 # Serving needs none of the test and bench extras (scripts/setup.sh, SETUP_EXTRAS).
 SETUP_EXTRAS=${SETUP_EXTRAS-} scripts/setup.sh
 source scripts/runtime_env.sh
@@ -37,11 +44,22 @@ eval "$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$
   --batch-size "$BATCH_SIZE" ${LATENCY_BUDGET_MS:+--budget-ms "$LATENCY_BUDGET_MS"} \
   ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})"
 # config.properties leaves default_workers_per_model and job_queue_size to the launcher (see there):
-# the server runs a copy with them.
+# the server runs a copy with them, logs/config.properties, written only when this script starts it (below),
+# so that it always describes the running server.
 # On a CPU host, or with BERT_DEVICE=cpu, no worker gets a GPU: TorchServe would give each one a GPU that
 # nvidia-smi lists, and a worker refuses a GPU its torch cannot use (handlers/torch_forward.select_device).
-{ cat config.properties; echo "default_workers_per_model=$WORKERS"; echo "job_queue_size=$JOB_QUEUE_SIZE"
-  if [ "$DEVICE" = cpu ]; then echo "number_of_gpu=0"; fi; } >logs/config.properties
+server_config=$(cat config.properties; echo "default_workers_per_model=$WORKERS"; echo "job_queue_size=$JOB_QUEUE_SIZE"
+  if [ "$DEVICE" = cpu ]; then echo "number_of_gpu=0"; fi)
+
+# A server already running keeps the configuration it started with: say so when this run asks for another.
+config_unchanged() {
+  [ "$(cat logs/config.properties 2>/dev/null)" = "$server_config" ] && return 0
+  local running
+  running=$(grep -E '^(default_workers_per_model|job_queue_size)=' logs/config.properties 2>/dev/null | paste -sd' ' - || true)
+  echo "==> the running TorchServe keeps its configuration (${running:-logs/config.properties}), not this run's" \
+    "(latency budget ${LATENCY_BUDGET_MS} ms: job_queue_size=$JOB_QUEUE_SIZE default_workers_per_model=$WORKERS):" \
+    "to change it, scripts/stop.sh, then this script" >&2
+}
 
 # Why the model's workers did not start, from the worker's own log: the last Python exception it
 # printed (the handler's message names the cause and the fix), not TorchServe's summary line.
@@ -80,14 +98,18 @@ ping_status() { local answer; answer=$(ping_answer); echo "${answer##*$'\n'}"; }
 answer=$(ping_answer)
 if [ "${answer##*$'\n'}" = 200 ]; then
   echo "==> TorchServe is already running"
+  config_unchanged
 elif [[ "$answer" == *InvalidKeyException* ]]; then
   echo "==> TorchServe is already running, but its keys have expired: new keys"
+  config_unchanged
   .venv/bin/python -m scripts.rotate_keys
   [[ "$(ping_answer)" != *InvalidKeyException* ]] || { echo "TorchServe refuses the new key too" >&2; exit 1; }
 elif [ "${answer##*$'\n'}" != 000 ]; then
   echo "==> TorchServe is already running (/ping: HTTP ${answer##*$'\n'}; the model's workers say why below)"
+  config_unchanged
 else
   echo "==> starting TorchServe (logs in logs/)"
+  printf '%s\n' "$server_config" >logs/config.properties
   # runtime_env.sh set the umask and dropped the variables that would override this configuration.
   # log4j2.xml is TorchServe's own logging with the access log's query strings redacted (TorchServe
   # would also find it on its class path, which begins with the directory it starts in: named, it is

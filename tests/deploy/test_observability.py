@@ -5,6 +5,7 @@ KServe Serverless and RawDeployment.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -116,6 +117,23 @@ def test_the_serverless_metrics_prerequisite_is_stated_where_it_is_applied():
         assert QPEXT_PATCH in (DEPLOY.parent / "docs" / doc).read_text(), doc
 
 
+def test_the_serverless_knative_version_prerequisite_is_stated():
+    """Knative Serving 1.12 and earlier refuse a volume mounted at /tmp, /var or /var/log (reserved paths,
+    removed by knative/serving 1e2faa3b37, first in v1.13.0). The ServingRuntime mounts its emptyDir at /tmp, so
+    Serverless needs Knative 1.13: the runtime and docs/kubernetes.md say so."""
+    reserved_before_1_13 = {"/tmp", "/var", "/var/log"}
+    prerequisite = "Knative Serving 1.13 or later"
+    for mode in KSERVE_MODES:
+        if not queue_proxy(mode):
+            continue
+        containers = one(render_kserve(mode), "ServingRuntime")["spec"]["containers"]
+        mounts = {mount["mountPath"] for c in containers for mount in c.get("volumeMounts", [])}
+        assert mounts & reserved_before_1_13, mounts  # else the prerequisite is gone: drop it and this test
+    runtime_comments = " ".join(_comments(KSERVE / "serverless" / "servingruntime.yaml").split())
+    assert prerequisite in runtime_comments
+    assert prerequisite in " ".join((DEPLOY.parent / "docs" / "kubernetes.md").read_text().split())
+
+
 def _comments(path: Path) -> str:
     """The text of a YAML file's comments, one line each, without their `#`."""
     return "\n".join(line.strip()[1:].strip() for line in path.read_text().splitlines() if line.strip().startswith("#"))
@@ -158,13 +176,61 @@ def test_no_kserve_hpa_takes_the_name_kserves_reconciler_manages(mode):
     assert reserved not in names, f"{mode}: an HPA named {reserved} would be deleted or overwritten by KServe"
 
 
+# ---- the CPU autoscaling targets, from the committed measurement of what a CPU pod runs ----------------
+
+# The committed run of the backends (docs/benchmarks.md, "Backends"): its ONNX fp32 cells with one one-thread worker
+# per CPU are the layout a CPU pod runs (model_store/bert.mar, cpu_threads 1; scripts/kserve_layout.py's default).
+BACKENDS_BENCHMARK = DEPLOY.parent / "docs" / "bench-backends" / "benchmark.json"
+CPU_POD_BACKEND = "onnx-fp32"
+HPA_TARGET_SHARE = 0.7  # of one pod's saturation throughput, as for GPU pods (tests/deploy/test_gpu.py)
+KNEE_SHARE = 0.9  # more clients than where a pod first serves this share of its most only queue
+
+
+def _cpu_pod_cells() -> list[dict]:
+    """The measured cells of a CPU pod's layout: ONNX fp32, as many one-thread workers as the pod's CPUs, the
+    layout's batch size and delay, on a machine with the pod's CPUs."""
+    from scripts.kserve_layout import POD_CPUS
+
+    measured = json.loads(BACKENDS_BENCHMARK.read_text())
+    assert measured["machine"].startswith(f"{POD_CPUS} cores"), measured["machine"]
+    cells = [
+        cell
+        for cell in measured["served"]
+        if cell["backend"] == CPU_POD_BACKEND
+        and (cell["workers"], cell["cpu_threads"]) == (POD_CPUS, 1)
+        and cell["batch_size"] == cluster_config.DEFAULT_BATCH_SIZE
+        and cell["max_batch_delay_ms"] == cluster_config.DEFAULT_MAX_BATCH_DELAY_MS
+    ]
+    assert len(cells) >= 3 and all(cell["errors"] == 0 for cell in cells), cells
+    return sorted(cells, key=lambda cell: cell["concurrency"])
+
+
 def _benchmark_peak_clients() -> int:
-    """Clients at which the served demo model peaked in docs/benchmarks.md (batch_size=8, delay=2ms)."""
-    text = (DEPLOY.parent / "docs" / "benchmarks.md").read_text()
-    rows = re.findall(r"^\| batch_size=8, delay=2ms \| (\d+) \| ([\d.]+) \|", text, re.M)
-    assert len(rows) >= 3, rows
-    clients, _ = max(((int(c), float(r)) for c, r in rows), key=lambda row: row[1])
-    return clients
+    """The fewest clients at which a CPU pod's layout served within 10 % of its most (docs/bench-backends)."""
+    cells = _cpu_pod_cells()
+    most = max(cell["rps"] for cell in cells)
+    return min(cell["concurrency"] for cell in cells if cell["rps"] >= KNEE_SHARE * most)
+
+
+def _autoscaling_doc() -> str:
+    return " ".join((DEPLOY.parent / "docs" / "autoscaling.md").read_text().split())
+
+
+def test_the_cpu_autoscaler_targets_70_percent_of_what_a_cpu_pod_served():
+    most = max(cell["rps"] for cell in _cpu_pod_cells())
+    expected = round(HPA_TARGET_SHARE * most)
+    for docs in (render("cpu"), render_kserve("raw-deployment")):
+        hpa = one(docs, "HorizontalPodAutoscaler")
+        [target] = [
+            m["pods"]["target"]["averageValue"]
+            for m in hpa["spec"]["metrics"]
+            if m["pods"]["metric"]["name"] == "bert_requests_per_second"
+        ]
+        assert int(target) == expected
+    component = KUBERNETES / "components" / "autoscaling" / "horizontalpodautoscaler.yaml"
+    comments = " ".join(_comments(component).split())
+    assert f"served {most:.1f} requests/s" in comments and f"so {expected}." in comments, comments
+    assert f"| {expected} | 70 % of the {most:.1f} req/s one 2-CPU pod" in _autoscaling_doc()
 
 
 def test_kserve_concurrency_target_is_the_measured_saturation_point():
@@ -173,6 +239,9 @@ def test_kserve_concurrency_target_is_the_measured_saturation_point():
     assert predictor["scaleTarget"] == _benchmark_peak_clients()
     raw = one(render_kserve("raw-deployment"), "InferenceService")["spec"]["predictor"]
     assert "scaleMetric" not in raw and "scaleTarget" not in raw
+    # docs/autoscaling.md cites every measured cell of the layout the target is read from.
+    cited = ", ".join(f"{cell['rps']:.1f} req/s at {cell['concurrency']}" for cell in _cpu_pod_cells())
+    assert cited in _autoscaling_doc()
 
 
 # ---- the Prometheus Operator -------------------------------------------------------------------------
@@ -296,3 +365,179 @@ def test_replicas_spread_over_nodes():
             assert constraint["labelSelector"]["matchLabels"] == {
                 "serving.kserve.io/inferenceservice": isvc["metadata"]["name"]
             }
+
+
+# ---- the alerts and the dashboard say what their series hold ------------------------------------------
+
+RULES = DEPLOY / "prometheus" / "rules.yaml"
+DASHBOARD = DEPLOY / "grafana" / "dashboard.json"
+DOCS = DEPLOY.parent / "docs"
+# Per replica and fleet-wide, the selector every panel of a recording rule applies (docs/fleet.md).
+SELECTORS = {
+    "instance": '{namespace=~"$namespace", pod=~"$pod"}',
+    "fleet": '{namespace=~"$namespace"}',
+}
+
+
+def _promtool() -> str:
+    import shutil
+
+    path = shutil.which("promtool")
+    if path is None:
+        message = "promtool is missing: install the Debian package prometheus (scripts/install_system_packages.sh)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def _promtool_test(tmp_path: Path, tests: list[dict]) -> None:
+    """Run `promtool test rules` on the shipped rule files with these tests."""
+    spec = {"rule_files": [str(RULES), str(DEPLOY / "prometheus" / "alerts.yaml")], "evaluation_interval": "15s"}
+    path = tmp_path / "rules-test.yaml"
+    path.write_text(yaml.safe_dump({**spec, "tests": tests}, sort_keys=False))
+    result = subprocess.run([_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _counter(per_second: float, minutes: int = 10, interval: int = 15) -> str:
+    """promtool's expanding notation: a counter growing `per_second`, sampled every `interval` s."""
+    return f"0+{per_second * interval:g}x{minutes * 60 // interval}"
+
+
+def _panels() -> list[dict]:
+    return json.loads(DASHBOARD.read_text())["panels"]
+
+
+def test_the_queue_full_alert_says_what_its_series_counts(tmp_path):
+    """BertQueueFull fires on instance:bert_unavailable_per_second, which counts the handler's 503 DeadlineExceeded
+    as well as the frontend's queue-full 503 (rules.yaml keeps it there on purpose): a replica refusing only late
+    requests fires it. Its texts, its runbook, the fleet's alert table and the dashboard's panels of that series
+    name both causes, and the alert and the runbook point at the deadline's own series."""
+    labels = 'job="torchserve",namespace="ml",pod="a",instance="a:8082"'
+    late_only = {  # 3 requests/s, all handed to the handler, 2 of them refused DeadlineExceeded: no queue full
+        f"ts_inference_requests_total{{{labels}}}": 3,
+        f"bert_items_total{{{labels}}}": 3,
+        f"bert_batches_total{{{labels}}}": 1,
+        f'Requests5XX{{{labels},Level="Host"}}': 2,
+        f'bert_rejected_items_total{{{labels},Reason="DeadlineExceeded"}}': 2,
+    }
+    firing = '{__name__="ALERTS",alertname="BertQueueFull",alertstate="firing",instance="a:8082",namespace="ml",'
+    firing += 'pod="a",severity="warning"}'
+    _promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "15s",
+                "input_series": [{"series": s, "values": _counter(v)} for s, v in late_only.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": 'ALERTS{alertname="BertQueueFull",alertstate="firing"}',
+                        "eval_time": "8m",
+                        "exp_samples": [{"labels": firing, "value": 1}],
+                    }
+                ],
+            }
+        ],
+    )
+    [rule] = [r for g in ALERTS["groups"] for r in g["rules"] if r.get("alert") == "BertQueueFull"]
+    assert "instance:bert_unavailable_per_second:rate3m" in rule["expr"]
+    summary, description = rule["annotations"]["summary"], rule["annotations"]["description"]
+    assert "queue full or deadline passed" in summary, summary
+    assert "DeadlineExceeded" in description and "job_queue_size" in description, description
+    assert "instance:bert_deadline_exceeded_per_second:rate3m" in description
+    runbook = (DOCS / "runbooks.md").read_text().split("## BertQueueFull\n", 1)[1].split("\n## ", 1)[0]
+    assert "DeadlineExceeded" in runbook and "instance:bert_deadline_exceeded_per_second:rate3m" in runbook, runbook
+    [row] = [line for line in (DOCS / "fleet.md").read_text().splitlines() if line.startswith("| `BertQueueFull` |")]
+    assert "queue full or deadline passed" in row, row
+    titles = [p["title"] for p in _panels() if "bert_unavailable_per_second" in p["targets"][0]["expr"]]
+    assert len(titles) == 2 and all("queue full or deadline passed" in title for title in titles), titles
+
+
+def _kept_labels(expr: str) -> set[str]:
+    """The labels every `by (...)` of a rule's expression keeps (those a selector on its result can use)."""
+    clauses = re.findall(r"\bby \(([^)]*)\)", expr)
+    assert clauses, expr
+    return set.intersection(*({label.strip() for label in clause.split(",")} for clause in clauses))
+
+
+def test_every_dashboard_panel_selects_the_namespace_and_pods_its_series_keep():
+    """Every query of a recording rule carries the selector of its level (per replica: namespace and pod; fleet:
+    namespace), made of labels that rule keeps; raw series select both. Only HAProxy's panel, the local fleet's
+    own, has none. Panel ids are unique and no two panels overlap."""
+    kept = {
+        rule["record"]: _kept_labels(rule["expr"])
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+    }
+    panels = _panels()
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if expr.startswith("haproxy_"):
+                continue
+            names = re.findall(r"\b((instance|fleet):\w+:rate3m)(\{[^}]*\})?", expr)
+            for name, level, selector in names:
+                assert selector == SELECTORS[level], (panel["title"], expr)
+                used = set(re.findall(r"(\w+)=~", selector))
+                assert used <= kept[name], (name, used - kept[name])
+            if not names:  # a raw series (up): every selector of it
+                selectors = re.findall(r"\{[^}]*\}", expr)
+                assert selectors and all('namespace=~"$namespace"' in s and 'pod=~"$pod"' in s for s in selectors), expr
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    cells = {}
+    for panel in panels:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, (panel["title"], cells.get((x, y)))
+                cells[x, y] = panel["title"]
+
+
+def test_the_dashboard_variables_select_on_kubernetes_and_all_matches_the_local_fleet(tmp_path):
+    """Every panel query (but HAProxy's), evaluated by promtool over a local-fleet replica (no namespace, no pod
+    label) and a Kubernetes pod: the variables at All (Grafana's allValue .*) show both, a namespace and pod show
+    that pod only, another namespace nothing."""
+    fleet_replica = 'job="torchserve",instance="127.0.0.1:9082",replica="r0"'
+    pod = 'job="kubernetes-pods",app_kubernetes_io_name="bert-torchserve",namespace="ml",pod="a",instance="a:8082"'
+    per_second = {
+        "ts_inference_requests_total": 4,
+        "ts_inference_latency_microseconds": 80_000,
+        "ts_queue_latency_microseconds": 8_000,
+        "bert_items_total": 4,
+        "bert_batches_total": 1,
+        'bert_stage_milliseconds_total{Stage="forward"}': 3,
+        "bert_padded_tokens_total": 12,
+        "bert_real_tokens_total": 10,
+        'bert_rejected_items_total{Reason="DeadlineExceeded"}': 1,
+        'Requests5XX{Level="Host"}': 2,
+    }
+    series = []
+    for labels in (fleet_replica, pod):
+        for metric, rate in per_second.items():
+            name, _, own = metric.partition("{")
+            selector = labels + ("," + own.rstrip("}") if own else "")
+            series.append({"series": f"{name}{{{selector}}}", "values": _counter(rate)})
+        series.append({"series": f"up{{{labels}}}", "values": "1x40"})
+    choices = {"all": (".*", ".*", 2), "one pod": ("ml", "a", 1), "another namespace": ("other", ".*", 0)}
+    queries = [t["expr"] for p in _panels() for t in p["targets"] if not t["expr"].startswith("haproxy_")]
+    assert len(queries) > 20
+    _promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "15s",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": f"count({query.replace('$namespace', namespace).replace('$pod', chosen)}) or vector(0)",
+                        "eval_time": "8m",
+                        "exp_samples": [{"labels": "{}", "value": count}],
+                    }
+                    for query in queries
+                    for namespace, chosen, count in choices.values()
+                ],
+            }
+        ],
+    )

@@ -177,19 +177,30 @@ def test_a_batch_slower_than_the_response_timeout_restarts_the_worker(
     archive = make_archive(
         tiny_checkpoint, "tiny-stall", model_config={"responseTimeout": 2}, fault_marker="STALL", fault_delay_s=30.0
     )
-    response = server.register(archive, batch_size=4, max_batch_delay=5)
+    # The frontend waits up to a second to fill a batch of 4: four requests sent at once make one batch.
+    response = server.register(archive, batch_size=4, max_batch_delay=1000)
     assert response.status_code == 200, response.text
+
+    def predict(text: str) -> requests.Response:
+        return server.predict("tiny-stall", text, timeout=60)
+
     try:
         assert server.describe("tiny-stall")[0]["responseTimeout"] == 2
         old_pid = worker_pid(server, "tiny-stall")
         started = time.monotonic()
-        stalled = server.predict("tiny-stall", "STALL forever", timeout=60)
+        # One text stalls the batch; the other three, alone, would be answered at once. With one worker, a text
+        # in another batch would wait in the queue and be answered 200 by the replacement.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            stalled = list(pool.map(predict, ["STALL forever", "normal a", "normal b", "normal c"]))
         waited = time.monotonic() - started
         # WorkerThread gives up on the batch before it kills the process: no exit code yet, so 500.
-        assert (stalled.status_code, stalled.json()) == (500, {"code": 500, **WORKER_DIED}), stalled.text
-        assert waited < 15, f"the stalled request took {waited:.1f}s to fail"
+        for answer in stalled:
+            assert (answer.status_code, answer.json()) == (500, {"code": 500, **WORKER_DIED}), answer.text
+        assert waited < 15, f"the stalled requests took {waited:.1f}s to fail"
         wait_for_new_worker(server, "tiny-stall", old_pid)
-        assert [server.predict("tiny-stall", f"normal {i}").status_code for i in range(5)] == [200] * 5
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            after = list(pool.map(predict, [f"normal {i}" for i in range(5)]))
+        assert [answer.status_code for answer in after] == [200] * 5
     finally:
         server.unregister("tiny-stall")
 

@@ -58,6 +58,7 @@ class Served:
     keys: dict[str, str]
     java: psutil.Process  # the Java frontend, named by TorchServe's pid file
     inference_url: str
+    env: dict[str, str]  # the environment serve.sh ran with
 
 
 def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
@@ -125,7 +126,7 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         java = psutil.Process(int((checkout / "logs" / "tmp" / ".model_server.pid").read_text()))
         keys = {name: entry["key"] for name, entry in json.loads((checkout / "key_file.json").read_text()).items()}
         assert set(keys) == set(KEY_NAMES)
-        yield Served(checkout, output, calls(curl_log), keys, java, inference_url)
+        yield Served(checkout, output, calls(curl_log), keys, java, inference_url, env)
     finally:
         if script.poll() is None:
             script.kill()
@@ -206,3 +207,53 @@ def test_with_bert_device_cpu_no_worker_gets_the_gpu_nvidia_smi_lists(served):
     key = {"Authorization": f"Bearer {served.keys['management']}"}
     [described] = requests.get(f"{management}/models/{MODEL}", headers=key, timeout=30).json()
     assert described["workers"] and not any(worker["gpu"] for worker in described["workers"]), described
+
+
+def test_serve_sh_run_again_with_another_budget_leaves_the_running_server_and_its_configuration_and_says_so(served):
+    """A second run finds the server running: the same settings pass silently; another latency budget (another
+    job_queue_size) cannot reach a running TorchServe, so logs/config.properties, which describes it, stays as it
+    is, and serve.sh says how to apply the budget."""
+    config = served.checkout / "logs" / "config.properties"
+    written = config.read_bytes()
+
+    def again(**variables: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "scripts/serve.sh"], cwd=served.checkout, env={**served.env, **variables},
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    same = again()
+    assert same.returncode == 0, same.stderr
+    assert "already running" in same.stdout and "keeps its configuration" not in same.stderr, same.stderr
+    other = again(LATENCY_BUDGET_MS="500")
+    assert other.returncode == 0, other.stderr
+    assert "already running" in other.stdout and "already registered" in other.stdout, other.stdout
+    queue = re.search(r"^job_queue_size=(\d+)$", written.decode(), flags=re.MULTILINE).group(1)
+    assert f"keeps its configuration (default_workers_per_model=1 job_queue_size={queue})" in other.stderr
+    assert "latency budget 500 ms" in other.stderr and "scripts/stop.sh, then this script" in other.stderr
+    assert config.read_bytes() == written
+
+
+def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):
+    """PATH holds every command of the test's PATH but curl: serve.sh stops at once, naming the package, before the
+    set-up (here a stand-in that leaves a mark) or anything else runs."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    mark = tmp_path / "set-up-ran"
+    (checkout / "scripts" / "setup.sh").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(mark))}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for directory in filter(os.path.isdir, os.environ["PATH"].split(os.pathsep)):
+        for command in Path(directory).iterdir():
+            link = bin_dir / command.name
+            if command.name != "curl" and not link.exists() and command.is_file() and os.access(command, os.X_OK):
+                link.symlink_to(command)
+    environment = {**os.environ, "PATH": str(bin_dir)}
+    assert shutil.which("curl", path=str(bin_dir)) is None and shutil.which("python3", path=str(bin_dir))
+    run = subprocess.run(
+        [shutil.which("bash"), "scripts/serve.sh"], cwd=checkout, env=environment, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1, run
+    assert "scripts/serve.sh needs curl" in run.stderr and "apt-get install -y curl" in run.stderr, run.stderr
+    assert not mark.exists() and not (checkout / "logs").exists()

@@ -1,17 +1,24 @@
 """scripts.kserve_layout --gpus N refuses an archive holding an ONNX model, which every GPU worker refuses to serve
 (handlers/onnx_forward.providers_for: the image's onnxruntime has no CUDA provider), so its pods would never be
-ready; archives packed by the project's own packer (tooling/archiving.pack_archive)."""
+ready; archives packed by the project's own packer (tooling/archiving.pack_archive). A CPU layout gets, unless told,
+as many workers as the pod's CPUs hold at the archive's cpu_threads (docs/batching.md), the pod's CPUs being the
+manifests' CPU limit."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from handlers.onnx_forward import ONNX_FILE
 from scripts import kserve_layout
 from tooling.archiving import pack_archive
+from tooling.paths import REPO
+from tooling.torchserve import read_properties
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +54,59 @@ def test_a_gpu_layout_of_a_pytorch_archive_and_a_cpu_layout_of_an_onnx_one_are_w
     assert kserve_layout.main([str(archives["onnx"]), "--out", str(tmp_path / "cpu")]) == 0
     assert (tmp_path / "gpu" / "model-store" / "bert.mar").is_file()
     assert (tmp_path / "cpu" / "model-store" / "bert.mar").is_file()
+
+
+# ---- workers of a CPU layout ------------------------------------------------------------------------------
+
+
+def archive_with_handler_options(path: Path, handler: dict | None) -> Path:
+    """A .mar with its manifest and a model-config.yaml holding `handler` (none at all for None): what the layout
+    reads of an archive."""
+    model = {"modelName": "bert", "modelVersion": "1.0"}
+    with zipfile.ZipFile(path, "w") as mar:
+        if handler is not None:
+            model["configFile"] = "model-config.yaml"
+            mar.writestr("model-config.yaml", yaml.safe_dump({"responseTimeout": 60, "handler": handler}))
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": model}))
+    return path
+
+
+def layout_workers(tmp_path: Path, handler: dict | None, *args: str) -> int:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    archive = archive_with_handler_options(tmp_path / "bert.mar", handler)
+    assert kserve_layout.main([str(archive), "--out", str(tmp_path / "layout"), *args]) == 0
+    snapshot = json.loads(read_properties(tmp_path / "layout" / "config" / "config.properties")["model_snapshot"])
+    [entry] = snapshot["models"]["bert"].values()
+    assert entry["minWorkers"] == entry["maxWorkers"]
+    return entry["minWorkers"]
+
+
+@pytest.mark.parametrize(
+    ("handler", "workers"),
+    [
+        ({"cpu_threads": 1}, kserve_layout.POD_CPUS),  # the set-up's archive: one one-thread worker per CPU
+        ({"cpu_threads": 2}, kserve_layout.POD_CPUS // 2),
+        ({"cpu_threads": 0}, 1),  # one worker, its threads following the pod's CPU limit
+        ({}, 1),
+        (None, 1),  # no model-config.yaml: the handler's defaults, cpu_threads 0
+    ],
+)
+def test_a_cpu_layout_runs_as_many_workers_as_the_pods_cpus_hold_at_the_archives_threads(tmp_path, handler, workers):
+    assert layout_workers(tmp_path, handler) == workers
+
+
+def test_workers_and_pod_cpus_given_on_the_command_line_are_taken(tmp_path):
+    assert layout_workers(tmp_path / "a", {"cpu_threads": 1}, "--workers", "3") == 3
+    assert layout_workers(tmp_path / "b", {"cpu_threads": 1}, "--pod-cpus", "4") == 4
+    assert layout_workers(tmp_path / "c", {"cpu_threads": 1}, "--gpus", "1") == kserve_layout.GPU_WORKERS_PER_GPU
+
+
+def test_the_pod_cpus_are_the_cpu_limit_of_every_cpu_pod_and_the_set_up_archives_one_thread_per_worker():
+    deployment = yaml.safe_load((REPO / "deploy/kubernetes/base/deployment.yaml").read_text())
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    runtime = yaml.safe_load((REPO / "deploy/kserve/serverless/servingruntime.yaml").read_text())
+    [runtime_container] = runtime["spec"]["containers"]
+    for resources in (container["resources"], runtime_container["resources"]):
+        assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == str(kserve_layout.POD_CPUS), resources
+    # So model_store/bert.mar, the archive the image bakes, gets one worker per CPU.
+    assert "--backend onnx --handler-option cpu_threads=1" in (REPO / "scripts" / "setup.sh").read_text()

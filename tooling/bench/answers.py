@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # float32: batching only moves probabilities by padding noise (about 1e-7); float16 against float32: the
-# issue's 2e-2 (the H100 run measured at most 0.013). bfloat16 has fewer mantissa bits: held to the same
-# bound, any excess shows as wrong answers in the report rather than passing silently. int8 (ONNX Runtime's
-# dynamic quantization): each batch's activation scale depends on its neighbours and padding, so an
-# answer moves with its batch. In the quick run on the tiny model: at most 0.020 on an Intel Xeon VM,
-# 0.086 and 0.104 in two runs on an AMD EPYC VM (its int8 kernels differ), so 0.1 failed about one
-# fresh clone in two there. Twice the worst seen: a coarse bound that still catches answers swapped
-# between texts further apart (the float32 cells of the same run check the mapping at 1e-4).
+# issue's 2e-2 (the H100 runs measured at most 5.3e-4, docs/bench-gpu/*.json). bfloat16 has fewer mantissa
+# bits: held to the same bound, any excess shows as wrong answers in the report rather than passing silently.
+# int8 (ONNX Runtime's dynamic quantization): each batch's activation scale depends on its neighbours and
+# padding, so an answer moves with its batch. In the quick run on the tiny model: at most 0.020 on an Intel
+# Xeon VM, 0.086 and 0.104 in two runs on an AMD EPYC VM (its int8 kernels differ), so 0.1 failed about one
+# fresh clone in two there. Twice the worst seen: a coarse bound that still catches answers swapped between
+# texts further apart (the float32 cells of the same run check the mapping at 1e-4).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2, "int8": 2e-1}
 
 
