@@ -108,8 +108,16 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     if route == ROUTE_UNKNOWN and name is not None and not payload_content_type(headers, name).media_type:
         envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
         if envelope.error is None:
-            return envelope
-    return parse_request(decode_request(item, headers, max_bytes), max_instances)
+            return _without_binary_outputs(envelope)
+    parsed = parse_request(decode_request(item, headers, max_bytes), max_instances)
+    return _without_binary_outputs(parsed) if route == ROUTE_UNKNOWN else parsed
+
+
+def _without_binary_outputs(request: ParsedRequest) -> ParsedRequest:
+    """Where the route is unknown (TorchServe's gRPC API) outputs are answered in JSON whatever was asked: gRPC
+    keeps a reply's body only (GRPCJob.response), and a binary answer without its Inference-Header-Content-Length
+    could not be split back into its JSON and its bytes."""
+    return replace(request, binary_outputs=())
 
 
 def parse_envelope(decoded: str | Document | Rejection, max_instances: int) -> ParsedRequest:
@@ -270,6 +278,13 @@ def _v2_outputs(requested: Any, parameters: Any) -> tuple[tuple[str, ...], tuple
         own = _flag(tensor.get("parameters"), "binary_data", f"outputs[{index}].parameters")
         if isinstance(own, str):
             return own
+        if (tensor.get("parameters") or {}).get("classification") is not None:
+            # The classification extension (tritonclient's class_count) asks for the top k classes as strings in
+            # place of the tensor; answering the tensor instead would hand the client another shape than it reads.
+            return (
+                f"outputs[{index}].parameters.classification is not supported: ask for the "
+                f"'label', 'score' or 'probabilities' output, each class's probability by name"
+            )
         names.append(tensor["name"])
         if own or (own is None and every):  # named twice, once as binary: binary (the client can read that)
             binary.add(tensor["name"])

@@ -54,27 +54,41 @@ STORAGE_URI_GPU = "deploy/kserve/components/gpu/kustomization.yaml"
 POD_CPUS = 2
 
 
-def handler_options(archive: Path) -> dict:
-    """The `handler:` section of the archive's model-config.yaml (empty when it has none)."""
-    config_name = manifest_model(archive).get("configFile")  # raises NotAnArchive for a file that is not one
+def handler_options(archive: Path) -> HandlerOptions:
+    """The handler options of the archive's model-config.yaml (the defaults where it has none); ValueError for a
+    section the handler would refuse at load, NotAnArchive for a file that is not an archive."""
+    config_name = manifest_model(archive).get("configFile")
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read(config_name)) if config_name else None
-    return (config or {}).get("handler") or {}
+    section = config.get("handler") if isinstance(config, dict) else None
+    if section is not None and not isinstance(section, dict):
+        raise ValueError(f"{archive}: the handler section of its model-config.yaml is not a mapping")
+    try:
+        return HandlerOptions.from_mapping(section)
+    except ValueError as exc:
+        raise ValueError(f"{archive}: its model-config.yaml: {exc}") from exc
 
 
 def holds_onnx_model(archive: Path) -> bool:
     """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
     from the archive's model-config.yaml) holds model.onnx (handlers/loading.backend_of)."""
-    subdir = handler_options(archive).get("model_subdir", HandlerOptions.model_subdir)
+    subdir = handler_options(archive).model_subdir
     with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
 
 
-def cpu_workers(archive: Path, pod_cpus: int) -> int:
+def cpu_workers(options: HandlerOptions, pod_cpus: int) -> int:
     """Workers for a CPU pod: as many as its CPUs hold at the archive's cpu_threads each; one for cpu_threads 0,
     whose worker runs as many threads as the pod's CPU limit allows."""
-    threads = int(handler_options(archive).get("cpu_threads", HandlerOptions.cpu_threads))
+    threads = options.cpu_threads
     return max(1, pod_cpus // threads) if threads > 0 else 1
+
+
+def cpu_cores_used(options: HandlerOptions, workers: int, pod_cpus: int) -> int:
+    """The pod's cores its workers keep busy, for the queue's throughput: workers x cpu_threads, at most the pod's
+    CPUs; all of them for cpu_threads 0 (each worker as many threads as the CPU limit allows)."""
+    threads = options.cpu_threads or pod_cpus
+    return max(1, min(pod_cpus, workers * threads))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long a request may wait: sets job_queue_size, and a smaller batch_size "
                         "when it is under five batch times")  # fmt: skip
     parser.add_argument("--throughput-rps", type=float, default=None,
-                        help="the pod's measured requests/s (default: the CPU figure per worker)")  # fmt: skip
+                        help="the pod's measured requests/s (default: per core its workers use)")  # fmt: skip
     parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
     args = parser.parse_args(argv)
     gpu = args.gpus > 0
@@ -121,11 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         onnx = holds_onnx_model(args.archive)
-        if args.workers is None:
-            args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else cpu_workers(args.archive, args.pod_cpus)
-    except NotAnArchive as exc:
+        options = handler_options(args.archive)
+    except (NotAnArchive, ValueError) as exc:
         print(f"kserve_layout: {exc}", file=sys.stderr)
         return 2
+    if args.workers is None:
+        args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else cpu_workers(options, args.pod_cpus)
+    if not gpu and options.cpu_threads > args.pod_cpus:
+        print(
+            f"kserve_layout: warning: the archive's cpu_threads ({options.cpu_threads}) is more than the pod's "
+            f"{args.pod_cpus} CPUs: its threads will contend for them (docs/batching.md)",
+            file=sys.stderr,
+        )
+    if args.throughput_rps is None and not gpu:
+        # The queue is sized for what the pod's cores serve, not per worker: a cpu_threads 0 worker uses them all.
+        args.throughput_rps = machine_throughput("cpu", cpu_cores_used(options, args.workers, args.pod_cpus))
     if gpu and onnx:
         # Refused here, not in the pods: TorchServe gives every worker a GPU, each worker refuses an ONNX model it
         # cannot run there (handlers/onnx_forward.providers_for), and the pods would never become ready.

@@ -136,6 +136,14 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         "MalformedRequest",
         "parameters.binary_data_output must be a boolean, got number",
     ),
+    # The classification extension (tritonclient's class_count): top-k strings in place of the tensor, not served.
+    (
+        "v2 classification asked for",
+        {**v2_one, "outputs": [{"name": "probabilities", "parameters": {"classification": 2}}]},
+        400,
+        "MalformedRequest",
+        "outputs[0].parameters.classification is not supported",
+    ),
     (
         "v2 parameters not an object",
         {**v2_one, "parameters": []},

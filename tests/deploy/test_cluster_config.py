@@ -100,7 +100,10 @@ def test_the_layout_command_writes_what_kserve_expects(tmp_path, capsys):
     assert (out / "config" / "metrics.yaml").read_text() == METRICS_CONFIG.read_text()
     assert (out / "model-store" / "clf.mar").read_bytes() == archive.read_bytes()
     written = read_properties(out / "config" / "config.properties")
-    assert written == cluster_config.cluster_properties("clf", batch_size=4, version="3.0")
+    # An archive without handler options runs one worker with cpu_threads 0: every core of the pod, so the queue
+    # is sized for the pod's CPUs (scripts/kserve_layout.cpu_cores_used).
+    pod = machine_throughput("cpu", kserve_layout.POD_CPUS)
+    assert written == cluster_config.cluster_properties("clf", batch_size=4, version="3.0", throughput_rps=pod)
     assert written["model_store"] == "/mnt/models/model-store"
     assert written["metrics_config"] == "/mnt/models/config/metrics.yaml"
     printed = capsys.readouterr().out

@@ -118,10 +118,11 @@ def test_the_serverless_metrics_prerequisite_is_stated_where_it_is_applied():
 
 
 def test_the_serverless_knative_version_prerequisite_is_stated():
-    """Knative Serving 1.12 and earlier refuse a volume mounted at /tmp, /var or /var/log (reserved paths,
-    removed by knative/serving 1e2faa3b37, first in v1.13.0). The ServingRuntime mounts its emptyDir at /tmp, so
-    Serverless needs Knative 1.13: the runtime and docs/kubernetes.md say so."""
-    reserved_before_1_13 = {"/tmp", "/var", "/var/log"}
+    """Knative Serving 1.12 and earlier refuse a volume mounted at /tmp or /var/log among others (reserved paths;
+    knative/serving#14719, commit 1e2faa3b37, freed those two, first in v1.13.0; /var stays reserved). The
+    ServingRuntime mounts its emptyDir at /tmp, so Serverless needs Knative 1.13: the runtime and
+    docs/kubernetes.md say so."""
+    reserved_before_1_13 = {"/tmp", "/var/log"}  # the two 1.13 freed
     prerequisite = "Knative Serving 1.13 or later"
     for mode in KSERVE_MODES:
         if not queue_proxy(mode):

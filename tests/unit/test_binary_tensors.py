@@ -286,3 +286,15 @@ def test_what_the_binary_form_cannot_hold_is_a_value_error():
         with pytest.raises(ValueError):
             tensor_bytes(datatype, data)
     assert tensor_bytes("FP32", [float("nan")])[:4] == struct.pack("<f", float("nan"))  # FP32 holds a NaN
+
+
+def test_over_grpc_binary_outputs_are_answered_in_json_since_the_reply_carries_no_headers():
+    """TorchServe's gRPC API reaches the handler with no route header and keeps only a reply's body: a binary answer
+    there would have no Inference-Header-Content-Length to split it by. The same v2 document asking for binary
+    outputs is answered binary on the KServe route and in JSON over gRPC."""
+    document = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
+    body = json.dumps({**document, "parameters": {"binary_data_output": True}}).encode()
+    kserve = read_request({"body": body}, {"explain": "False"}, 1 << 20, INSTANCES)
+    grpc = read_request({"body": body}, {}, 1 << 20, INSTANCES)
+    assert kserve.protocol == grpc.protocol == KSERVE_V2
+    assert kserve.binary_outputs == V2_OUTPUTS and grpc.binary_outputs == ()

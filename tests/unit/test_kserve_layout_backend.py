@@ -17,6 +17,7 @@ import yaml
 from handlers.onnx_forward import ONNX_FILE
 from scripts import kserve_layout
 from tooling.archiving import pack_archive
+from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
 from tooling.paths import REPO
 from tooling.torchserve import read_properties
 
@@ -99,6 +100,30 @@ def test_workers_and_pod_cpus_given_on_the_command_line_are_taken(tmp_path):
     assert layout_workers(tmp_path / "a", {"cpu_threads": 1}, "--workers", "3") == 3
     assert layout_workers(tmp_path / "b", {"cpu_threads": 1}, "--pod-cpus", "4") == 4
     assert layout_workers(tmp_path / "c", {"cpu_threads": 1}, "--gpus", "1") == kserve_layout.GPU_WORKERS_PER_GPU
+
+
+@pytest.mark.parametrize(
+    ("handler", "args", "cores"),
+    [
+        ({"cpu_threads": 1}, (), 2),  # two one-thread workers: both cores
+        ({"cpu_threads": 0}, (), 2),  # one worker, as many threads as the pod's CPUs: both cores too
+        ({"cpu_threads": 1}, ("--workers", "1"), 1),  # one one-thread worker leaves a core idle
+        ({"cpu_threads": 2}, ("--pod-cpus", "4"), 4),
+    ],
+)
+def test_the_queue_is_sized_for_the_cores_the_workers_keep_busy(tmp_path, handler, args, cores):
+    """The queue holds what the pod serves within the budget: the measured figure per core times the cores its
+    workers use, not per worker (a cpu_threads 0 worker uses every core of the pod)."""
+    workers = layout_workers(tmp_path, handler, *args)
+    queue = int(read_properties(tmp_path / "layout" / "config" / "config.properties")["job_queue_size"])
+    assert queue == admission(DEFAULT_BUDGET_MS, machine_throughput("cpu", cores), workers, 8).job_queue_size
+
+
+@pytest.mark.parametrize("handler", [["cpu_threads", 1], {"cpu_threads": "two"}, {"no_such_option": 1}])
+def test_an_archive_whose_handler_options_the_handler_would_refuse_is_refused_in_one_line(tmp_path, capsys, handler):
+    archive = archive_with_handler_options(tmp_path / "bert.mar", handler)
+    assert kserve_layout.main([str(archive), "--out", str(tmp_path / "layout")]) == 2
+    assert capsys.readouterr().err.startswith("kserve_layout: ")
 
 
 def test_the_pod_cpus_are_the_cpu_limit_of_every_cpu_pod_and_the_set_up_archives_one_thread_per_worker():
