@@ -5,7 +5,8 @@
 # As root it installs them non-interactively; otherwise it says what to run and exits 0, so the rest of
 # the set-up still works (the fleet tests then fail in CI with the same advice, and skip elsewhere).
 # A package's postinst may start its daemon (where no policy-rc.d forbids it): the fleet runs its own
-# instances on private ports, so any haproxy/prometheus process the install started is stopped, by pid.
+# instances on private ports, so any haproxy/prometheus process the install started is stopped, by pid;
+# under systemd their units, which the postinst enabled, are disabled and stopped first.
 set -euo pipefail
 
 PACKAGES=(haproxy prometheus tini)
@@ -42,6 +43,11 @@ daemon_pids() {
 }
 
 before=$(daemon_pids)
+# The daemons' packages not installed yet: their units, once installed, are this run's to disable (below).
+new_daemons=()
+for package in haproxy prometheus; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q ' installed$' || new_daemons+=("$package")
+done
 echo "==> system packages: installing ${PACKAGES[*]} (missing: ${missing[*]})"
 export DEBIAN_FRONTEND=noninteractive
 # Serving needs none of them: a host whose package mirror cannot be reached (an offline GPU host, say)
@@ -51,6 +57,20 @@ if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends -o D
   echo "==> system packages: apt-get could not install ${PACKAGES[*]} (missing: ${missing[*]}); serving does" \
     "not need them, the fleet and its tests do: install them when the mirror can be reached" >&2
   exit 0
+fi
+# Under systemd (PID 1; /run/systemd/system is sd_booted(3)'s test) a kill is not enough: haproxy.service
+# (Restart=always) starts it again, and prometheus.service would start at every boot, listening on :9090
+# on every interface. Only the units of packages this run installed: a host's own HAProxy stays as it was.
+# Without systemd (a container) there are no units, and the pids below are all there is.
+if [ -d /run/systemd/system ]; then
+  for unit in "${new_daemons[@]}"; do
+    systemctl cat "$unit.service" >/dev/null 2>&1 || continue
+    if systemctl disable --now "$unit.service" >/dev/null; then
+      echo "==> system packages: disabled and stopped $unit.service, enabled by its postinst"
+    else
+      echo "==> system packages: could not disable $unit.service: systemctl disable --now $unit" >&2
+    fi
+  done
 fi
 after=$(daemon_pids)
 

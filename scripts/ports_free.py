@@ -14,25 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
 
 from tooling.paths import SERVER_CONFIG
-from tooling.torchserve import port_in_use, read_properties, server_ports
-
-# What TorchServe's own `torchserve --start` looks for in the command line of the pid file's process.
-TORCHSERVE_MAIN = "org.pytorch.serve.ModelServer"
-
-
-def running_torchserve(pid_file: Path) -> psutil.Process | None:
-    """The TorchServe that `pid_file` names, if it still runs."""
-    try:
-        process = psutil.Process(int(pid_file.read_text().split()[0]))
-        return process if TORCHSERVE_MAIN in process.cmdline() else None
-    except (OSError, ValueError, IndexError, psutil.Error):
-        return None
+from tooling.torchserve import TORCHSERVE_MAIN, pid_file, port_in_use, read_properties, running_torchserve, server_ports
 
 
 def holder(port: int) -> str:
@@ -52,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--properties", type=Path, default=SERVER_CONFIG, help="the server's configuration")
     args = parser.parse_args(argv)
-    if running_torchserve(Path(tempfile.gettempdir()) / ".model_server.pid") is not None:
+    if running_torchserve(pid_file()) is not None:
         return 0
     ports = server_ports(read_properties(args.properties))
     taken = {key: port for key, port in ports.items() if port_in_use(port)}

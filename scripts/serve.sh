@@ -52,10 +52,14 @@ server_config=$(cat config.properties; echo "default_workers_per_model=$WORKERS"
   if [ "$DEVICE" = cpu ]; then echo "number_of_gpu=0"; fi)
 
 # A server already running keeps the configuration it started with: say so when this run asks for another.
+# server_queue: then the running server's job_queue_size, which the registration below reports, not this run's.
+server_queue=
 config_unchanged() {
   [ "$(cat logs/config.properties 2>/dev/null)" = "$server_config" ] && return 0
   local running
   running=$(grep -E '^(default_workers_per_model|job_queue_size)=' logs/config.properties 2>/dev/null | paste -sd' ' - || true)
+  server_queue=$(sed -n 's/^job_queue_size=//p' logs/config.properties 2>/dev/null || true)
+  server_queue=${server_queue:-unknown}
   echo "==> the running TorchServe keeps its configuration (${running:-logs/config.properties}), not this run's" \
     "(latency budget ${LATENCY_BUDGET_MS} ms: job_queue_size=$JOB_QUEUE_SIZE default_workers_per_model=$WORKERS):" \
     "to change it, scripts/stop.sh, then this script" >&2
@@ -114,8 +118,14 @@ else
   # log4j2.xml is TorchServe's own logging with the access log's query strings redacted (TorchServe
   # would also find it on its class path, which begins with the directory it starts in: named, it is
   # the one whatever that directory holds).
+  # Its refusal (a pid file naming a live TorchServe, one that does not answer /ping yet) is only in its output.
   .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store \
-    --log-config log4j2.xml >logs/console.log 2>&1
+    --log-config log4j2.xml >logs/console.log 2>&1 || {
+    echo "torchserve --start failed; the end of logs/console.log:" >&2
+    tail -n 5 logs/console.log | sed 's/^/    /' >&2
+    echo "scripts/stop.sh stops this checkout's TorchServe, or clears a pid file left naming another process" >&2
+    exit 1
+  }
   for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] && break; sleep 1; done
   [ "$(ping_status)" = 200 ] || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
 fi
@@ -124,7 +134,11 @@ if curl -fsS -o /dev/null -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
   echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
-  echo "    latency budget ${LATENCY_BUDGET_MS} ms at ${THROUGHPUT_RPS} req/s: job_queue_size=$JOB_QUEUE_SIZE"
+  if [ -n "$server_queue" ]; then
+    echo "    job_queue_size=$server_queue: the running server's, not this run's $JOB_QUEUE_SIZE (see above)"
+  else
+    echo "    latency budget ${LATENCY_BUDGET_MS} ms at ${THROUGHPUT_RPS} req/s: job_queue_size=$JOB_QUEUE_SIZE"
+  fi
   answer=$(curl -sS -w '\n%{http_code}' -X POST -H @<(auth management) \
     "$MANAGEMENT/models?url=$MODEL_NAME.mar&batch_size=$BATCH_SIZE&max_batch_delay=$MAX_BATCH_DELAY&initial_workers=$WORKERS&synchronous=true")
   if [ "${answer##*$'\n'}" != 200 ]; then

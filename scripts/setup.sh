@@ -24,14 +24,37 @@ if [ "$DEVICE" = gpu ] && [ "$CUDA_TORCH" = 1 ]; then
 fi
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
-if [ ! -x .venv/bin/python ]; then
+# A .venv is reused only when its creation finished, for the torch this run wants. `python -m venv` writes
+# bin/python before ensurepip installs pip: a creation that failed (Debian without python3.11-venv) or was
+# interrupted left one in which every later run died ("No module named pip"); in keep mode the .pth file
+# below is its last step. One made for the other mode would serve the wrong torch: without
+# --system-site-packages it hides PYTHON's CUDA torch, with them it mixes PYTHON's packages in.
+if [ "$TORCH_SPEC" = keep ]; then system_site=true; else system_site=false; fi
+kept_pth() { echo "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kept-python.pth"; }
+if [ -e .venv ] || [ -L .venv ]; then
+  incomplete="is incomplete (its creation failed or was interrupted)" remake=
+  if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    remake=$incomplete
+  elif [ "$(sed -n 's/^include-system-site-packages *= *//p' .venv/pyvenv.cfg 2>/dev/null)" != "$system_site" ]; then
+    remake="was made $([ "$system_site" = true ] && echo without || echo with) --system-site-packages, this run"
+    remake+=" $([ "$system_site" = true ] && echo keeps || echo replaces) $PYTHON's torch"
+  elif [ "$system_site" = true ] && [ ! -s "$(kept_pth)" ]; then
+    remake=$incomplete
+  fi
+  if [ -n "$remake" ]; then
+    echo "==> .venv $remake: making it again"
+    rm -rf .venv
+  fi
+fi
+if [ ! -e .venv ]; then
   if [ "$TORCH_SPEC" = keep ]; then
     echo "==> creating .venv on $PYTHON's packages (its CUDA torch is kept)"
     "$PYTHON" -m venv --system-site-packages .venv
     # PYTHON may itself be a virtual environment (a CUDA image's /opt/…/.venv): --system-site-packages
     # reaches only its base interpreter's packages, so a .pth file adds PYTHON's own (after .venv's).
-    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
-      >"$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kept-python.pth"
+    # Written only once PYTHON has answered: a non-empty file is the creation's proof of completion (above).
+    kept=$("$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))')
+    echo "$kept" >"$(kept_pth)"
   else
     echo "==> creating .venv"
     "$PYTHON" -m venv .venv
@@ -89,8 +112,14 @@ else
 fi
 built_for=model_store/.bert.mar.device
 if [ ! -f model_store/bert.mar ] || [ "$(cat "$built_for" 2>/dev/null)" != "$DEVICE" ] \
-   || [ -n "$(find build/demo-model handlers model-config.yaml tooling/archiving.py tooling/onnx_export.py -newer model_store/bert.mar -not -name '*.pyc' -print -quit)" ]; then
+   || [ -n "$(find build/demo-model handlers model-config.yaml tooling/archiving.py tooling/onnx_export.py \
+                -type f -not -path '*/__pycache__/*' -newer model_store/bert.mar -print -quit)" ]; then
+  # Files only, byte code aside: a test run that writes handlers/__pycache__/*.pyc touches that folder (and
+  # handlers/ when it creates it), which is no reason to archive again.
   echo "==> archiving model_store/bert.mar ($described)"
+  # An archiving interrupted midway may leave a bert.mar newer than its sources: without the stamp, the
+  # next run archives again rather than trust it.
+  rm -f "$built_for"
   .venv/bin/python -m scripts.archive_model build/demo-model --name bert "${archive[@]}"
   echo "$DEVICE" >"$built_for"
 else

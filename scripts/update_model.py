@@ -1,14 +1,16 @@
 """Serve a new archive under a running model's name without failing a request (tooling/model_update.py).
 
-    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0   # model_store/
-    .venv/bin/python -m scripts.update_model model_store/sentiment.mar                         # 1.0 -> 2.0
+    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0 \
+        --file-name sentiment-2.0.mar                                   # model_store/sentiment-2.0.mar
+    .venv/bin/python -m scripts.update_model model_store/sentiment-2.0.mar   # 1.0 -> 2.0
 
 The archive must be in the server's model store (TorchServe registers archives from there, by file
-name) and carry a version the model does not have yet. The new version gets the running one's batch
-size, delay and workers, answers one probe request, becomes the default, and the old version is
-unregistered once it has finished what it holds. On any failure before the switch the old version
-goes on serving, unchanged. Written over the old file, as above, the archive is also what
-scripts/serve.sh (MODEL_NAME=sentiment) registers after a restart. The defaults reach the server
+name), under a file name of its own, and carry the model's name and a version the model does not have
+yet. The new version gets the running one's batch size, delay and workers, answers one probe request,
+becomes the default, and the old version is unregistered once it has finished what it holds; then the
+archive is copied over model_store/sentiment.mar (one atomic rename), what scripts/serve.sh
+(MODEL_NAME=sentiment) registers after a restart. On any failure before the switch the old version
+goes on serving, unchanged, and sentiment.mar is still its archive. The defaults reach the server
 scripts/serve.sh started; --config and --key-file reach another.
 """
 
@@ -29,8 +31,10 @@ from tooling.torchserve import add_running_server_arguments, new_load_failure, r
 def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # each step as it happens, through a pipe or the journal too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("archive", type=Path, help="the new .mar, in the server's model store")
-    parser.add_argument("--model", help="the served model's name (default: the name in the archive's manifest)")
+    parser.add_argument("archive", type=Path, help="the new .mar, in the server's model store, not MODEL.mar")
+    parser.add_argument(
+        "--model", help="the served model's name (default, and it must be: the name in the archive's manifest)"
+    )
     parser.add_argument("--probe", type=Path, default=REVIEW, help="a text file the new version must answer (200)")
     parser.add_argument(
         "--grace-seconds",

@@ -96,9 +96,11 @@ def build_archive(
     quantize: str | None = None,
     min_agreement: float | None = None,
     eval_tsv: Path | None = None,
+    file_name: str | None = None,
 ) -> Path:
-    """Write <export_path>/<name>.mar; the onnx backend exports first and raises (tooling.onnx_export's
-    ExportFailed, ParityError, AgreementTooLow) before anything is written if the checks fail."""
+    """Write <export_path>/<file_name> (default <name>.mar) as pack_archive does; the onnx backend exports first
+    and raises (tooling.onnx_export's ExportFailed, ParityError, AgreementTooLow) before anything is written if
+    the checks fail."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "onnx" and (quantize or min_agreement is not None or eval_tsv is not None):
@@ -106,12 +108,20 @@ def build_archive(
     checkpoint = checkpoint.resolve()
     check_checkpoint(checkpoint)
     if backend == "pytorch":
-        return pack_archive(checkpoint, name, export_path, config_file, version)
+        return pack_archive(checkpoint, name, export_path, config_file, version, file_name)
     with tempfile.TemporaryDirectory(prefix="onnx-checkpoint-") as tmp:
         exported = Path(tmp) / "model"
         agreement = DEFAULT_MIN_AGREEMENT if min_agreement is None else min_agreement
         export_checkpoint(checkpoint, exported, quantize, eval_tsv, agreement)
-        return pack_archive(exported, name, export_path, config_file, version)
+        return pack_archive(exported, name, export_path, config_file, version, file_name)
+
+
+def archive_file_name(name: str, file_name: str | None = None) -> str:
+    """The archive's file name: `file_name`, or <name>.mar (torch-model-archiver's own)."""
+    file_name = file_name or f"{name}.mar"
+    if Path(file_name).name != file_name or not file_name.endswith(".mar") or file_name.startswith("."):
+        raise ValueError(f"the archive's file name must be a plain NAME.mar, got {file_name!r}")
+    return file_name
 
 
 def pack_archive(
@@ -120,10 +130,23 @@ def pack_archive(
     export_path: Path = MODEL_STORE,
     config_file: Path = DEFAULT_CONFIG,
     version: str = "1.0",
+    file_name: str | None = None,
 ) -> Path:
-    """Pack a ready folder (a checkpoint, or an ONNX checkpoint from tooling.onnx_export) as the archive's model/."""
-    export_path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mar-staging-") as tmp:
+    """Pack a ready folder (a checkpoint, or an ONNX checkpoint from tooling.onnx_export) as the archive's model/,
+    into <export_path>/<file_name> (default <name>.mar; the manifest's model name is `name` either way).
+
+    torch-model-archiver writes its zip in place and the manifest last, so a write cut short (a kill, a full
+    disk) would leave a truncated archive under the final name, newer than its sources. It writes into a
+    private folder inside `export_path` instead (the same file system), and only the finished archive is
+    renamed over the target: the old file or the new one is there, never part of one, and a failure leaves
+    the old file as it was (a process killed meanwhile leaves that folder, .<file name>.*.partial, behind).
+    """
+    target = Path(export_path) / archive_file_name(name, file_name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="mar-staging-") as tmp,
+        tempfile.TemporaryDirectory(prefix=f".{target.name}.", suffix=".partial", dir=target.parent) as out,
+    ):
         staging = Path(tmp)
         stage(Path(model_dir), staging / "content")
         command = [
@@ -133,7 +156,7 @@ def pack_archive(
             "--handler", str(HANDLERS / "bert_handler.py"),
             "--extra-files", str(staging / "content"),
             "--config-file", str(config_file),
-            "--export-path", str(export_path),
+            "--export-path", out,
             "--force",
         ]  # fmt: skip
         # The archiver stages files in $TMPDIR/<model name> and deletes that folder
@@ -141,7 +164,10 @@ def pack_archive(
         env = {**os.environ, "TMPDIR": str(staging / "archiver-tmp")}
         (staging / "archiver-tmp").mkdir()
         subprocess.run(command, check=True, env=env)
-    archive = export_path / f"{name}.mar"
+        built = Path(out) / f"{name}.mar"
+        with built.open("rb") as written:
+            os.fsync(written.fileno())  # on disk before the rename makes it the archive
+        os.replace(built, target)
     backend = "onnx" if (Path(model_dir) / ONNX_FILE).is_file() else "pytorch"
-    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.1f} MB, {backend})")
-    return archive
+    print(f"wrote {target} ({target.stat().st_size / 1e6:.1f} MB, {backend})")
+    return target

@@ -15,28 +15,44 @@ in an order that fails none:
    took may take (`maxBatchDelay` to fill it, then `responseTimeout`, after which TorchServe stops
    that worker itself). The management API cannot tell whether a worker holds a batch, so nothing
    shorter is safe;
-5. unregister the old version.
+5. unregister the old version;
+6. put the new archive at <store>/<model>.mar, the file a restart registers (scripts/serve.sh with
+   MODEL_NAME=<model>), by an atomic rename: until then that file is the old version's, so an update that
+   fails at any step leaves a restart serving the version that served before.
+
+The new archive comes in under a file name of its own: one written over <model>.mar would be what a
+restart serves even if the update then failed, so that file is refused as the new archive.
 
 `scripts/update_model.py` is the command line; docs/checkpoints.md#updating-a-served-model the guide.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import requests
 
+from tooling.model_archive import NotAnArchive, archive_name
 from tooling.torchserve import RunningServer, key_expiry, key_refused
+
+PROBE_TIMEOUT_S = 60.0
+# The management calls an update makes besides the registration, the probe and the drain (set-default, the
+# drain's polls, the unregister of an idle version): seconds each, counted once together.
+CALLS_MARGIN_S = 60.0
 
 
 class UpdateFailed(Exception):
     """The update stopped; the message says where, and what serves."""
 
 
-class _KeyRefused(Exception):
+class KeyRefused(Exception):
     """The server refused a key: the update stops, and says what serves at that point."""
 
 
@@ -80,7 +96,7 @@ class _Management:
         url = f"{self.server.management_url}/{path}"
         response = self.server.request(self.session, method, url, "management", params=params or None, timeout=timeout)
         if key_refused(response):
-            raise _KeyRefused(self.server.refusal_hint("management"))
+            raise KeyRefused(self.server.refusal_hint("management"))
         return response
 
     def describe(self, version: str | None = None) -> ServedVersion:
@@ -123,7 +139,7 @@ class _Management:
             if version not in self.versions():
                 return f"{version} is not registered"
             answer = self.unregister(version, timeout)
-        except (requests.RequestException, _KeyRefused) as error:
+        except (requests.RequestException, KeyRefused) as error:
             return f"unregistering {version} failed ({error}): DELETE /models/{self.model}/{version}"
         if answer.status_code != 200:
             return f"unregistering {version} failed (HTTP {answer.status_code}): DELETE /models/{self.model}/{version}"
@@ -143,7 +159,13 @@ def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tupl
     url = f"{server.inference_url}/predictions/{model}/{version}"
     try:
         answer = server.request(
-            requests.Session(), "POST", url, "inference", data=body, headers={"Content-Type": "text/plain"}, timeout=60
+            requests.Session(),
+            "POST",
+            url,
+            "inference",
+            data=body,
+            headers={"Content-Type": "text/plain"},
+            timeout=PROBE_TIMEOUT_S,
         )
     except requests.RequestException as error:
         return 0, str(error)
@@ -152,16 +174,95 @@ def _probe(server: RunningServer, model: str, version: str, body: bytes) -> tupl
     return answer.status_code, answer.text.strip()
 
 
-def _check_keys_outlast(server: RunningServer, seconds: float) -> None:
-    """Refuse to start an update whose keys would expire while its new workers may still be loading."""
+def update_bound_s(load_timeout_s: float, grace_s: float) -> float:
+    """The longest an update may take: the new workers' load (`load_timeout_s`), the probe, the old version's
+    drain (its queue, for up to `load_timeout_s`, then `grace_s` for the batches it took) and a margin for the
+    other management calls, the unregister among them."""
+    return load_timeout_s + PROBE_TIMEOUT_S + load_timeout_s + grace_s + CALLS_MARGIN_S
+
+
+def _check_keys_outlast(server: RunningServer, load_timeout_s: float, grace_s: float | None) -> None:
+    """Refuse to start an update whose keys would expire before it could end (update_bound_s; `grace_s` None: the
+    drain's grace is not known yet, and counted as 0)."""
+    seconds = update_bound_s(load_timeout_s, grace_s or 0.0)
+    grace = "its longest batch" if grace_s is None else f"{grace_s:g} s"
     entries = server.key_entries()
     until = datetime.now(timezone.utc) + timedelta(seconds=seconds)
     for api in ("inference", "management"):
         if api in entries and key_expiry(entries[api]["expiration time"]) < until:
             raise UpdateFailed(
                 f"the {api} key expires at {entries[api]['expiration time']}, within the {seconds:.0f} s this update "
-                "allows the new workers to load: run python -m scripts.rotate_keys first; nothing was changed"
+                f"may take (the new workers' load, up to {load_timeout_s:g} s; the probe, {PROBE_TIMEOUT_S:g} s; the "
+                f"old version's drain, its queue for up to {load_timeout_s:g} s and then {grace}; "
+                f"{CALLS_MARGIN_S:g} s for the other calls): run python -m scripts.rotate_keys first; "
+                "nothing was changed"
             )
+
+
+def restart_archive(model: str) -> str:
+    """The file in the store a restart registers as `model`: scripts/serve.sh registers MODEL_NAME.mar."""
+    return f"{model}.mar"
+
+
+def keep_for_restart(store: Path, archive: str, model: str) -> Path:
+    """Copy `archive` (in `store`) over <store>/<model>.mar in one rename: a restart, at any moment, finds the
+    old file or the new one whole. The running server is not affected: TorchServe unzips an archive into a
+    folder of its own when it registers it, and its workers load from there."""
+    target = store / restart_archive(model)
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=store)
+    try:
+        with os.fdopen(fd, "wb") as out, (store / archive).open("rb") as source:
+            shutil.copyfileobj(source, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        shutil.copymode(store / archive, partial)
+        os.replace(partial, target)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _kept_for_restart(store: Path, archive: str, model: str, version: str, old_version: str) -> tuple[bool, str]:
+    """keep_for_restart, and what a restart registers now, said for a message."""
+    try:
+        target = keep_for_restart(store, archive, model)
+    except OSError as error:
+        return False, (
+            f"putting {archive} at {store / restart_archive(model)} failed ({error}): a restart would register "
+            f"{old_version} again; copy {archive} over it"
+        )
+    return True, f"{target} is now {version}'s archive, what a restart registers"
+
+
+def registered_from(server: RunningServer, file_name: str) -> list[tuple[str, str]]:
+    """(model, version) of every version `server` registered from `file_name` (a file in its store), or whose
+    model a restart would register from it (restart_archive: after an update, the model's versions were loaded
+    from files of their own), as the management API lists them. Raises requests.RequestException when the server
+    does not answer, KeyRefused when it refuses the key."""
+    session = requests.Session()
+
+    def get(path: str, **params) -> list | dict:
+        url = f"{server.management_url}/{path}"
+        response = server.request(session, "GET", url, "management", params=params or None, timeout=5)
+        if key_refused(response):
+            raise KeyRefused(server.refusal_hint("management"))
+        response.raise_for_status()
+        return response.json()
+
+    names, token = [], None
+    while True:
+        page = get("models", limit=100, **({"next_page_token": token} if token else {}))
+        names += [entry["modelName"] for entry in page.get("models", [])]
+        token = page.get("nextPageToken")
+        if not token:
+            break
+    return [
+        (name, described["modelVersion"])
+        for name in names
+        for described in get(f"models/{name}/all")
+        if Path(str(described.get("modelUrl") or "")).name == file_name or restart_archive(name) == file_name
+    ]
 
 
 def update_model(
@@ -176,24 +277,49 @@ def update_model(
     explain_load_failure: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Serve `archive` (a file name in the server's model store, carrying `version`) as `model`'s default,
-    then retire the version that served before; raises UpdateFailed saying what serves.
+    retire the version that served before, then put `archive` at <store>/<model>.mar for a restart; raises
+    UpdateFailed saying what serves.
 
     `grace_s` replaces the wait after the old queue is empty (default: ServedVersion.longest_batch_s): a
     batch the old version still runs when it ends fails. A key rotated meanwhile is picked up; one that
     expires unrotated stops the update where it is, and the message says what serves.
     """
-    _check_keys_outlast(server, load_timeout_s)
+    # Keys that would lapse are named before the first call (which they would fail), and again once the old
+    # version's drain is known.
+    _check_keys_outlast(server, load_timeout_s, grace_s)
+    try:
+        named = archive_name(server.model_store / archive)
+    except NotAnArchive as error:
+        raise UpdateFailed(f"{error}; nothing was changed") from error
+    if named != model:
+        raise UpdateFailed(
+            f"{archive} names its model {named!r}, not {model!r}: once it serves it becomes "
+            f"{restart_archive(model)}, which a restart (scripts/serve.sh, MODEL_NAME={model}) registers under the "
+            f"name in its manifest. Archive it with --name {model} (--file-name gives it a file of its own); "
+            "nothing was changed"
+        )
     management = _Management(server, model)
     try:
         old = management.describe()
         if version in management.versions():
             raise UpdateFailed(
                 f"{model} already has a version {version}: archive the new checkpoint with another "
-                f"(python -m scripts.archive_model CHECKPOINT --name {model} --version X)"
+                f"(python -m scripts.archive_model CHECKPOINT --name {model} --version X --file-name "
+                f"{model}-X.mar); nothing was changed"
             )
+        if archive == restart_archive(model):
+            raise UpdateFailed(
+                f"{archive} is the file a restart registers as {model} (scripts/serve.sh, MODEL_NAME={model}), and "
+                f"it holds {version} now, not {old.version}, which serves: were the update to fail, a restart would "
+                f"serve {version} unchecked. Put {old.version}'s archive back as {archive}, archive {version} under "
+                f"a file name of its own (python -m scripts.archive_model CHECKPOINT --name {model} --version "
+                f"{version} --file-name {model}-{version}.mar) and update with that; nothing was changed"
+            )
+        grace = old.longest_batch_s if grace_s is None else grace_s
+        _check_keys_outlast(server, load_timeout_s, grace)
         _bring_up(management, server, old, archive, version, probe, load_timeout_s, say, explain_load_failure)
         switched = management.set_default(version)
-    except _KeyRefused as refused:
+    except KeyRefused as refused:
         where = f"GET /models/{model}/all shows whether {version} was registered beside it"
         raise UpdateFailed(f"{refused}; nothing was switched: {model}'s default still serves ({where})") from refused
     if switched.status_code != 200:
@@ -202,22 +328,37 @@ def update_model(
             f"making {version} the default failed (HTTP {switched.status_code}: {_message(switched)}); "
             f"{withdrawn}, and {model} {old.version} still serves"
         )
-    grace = old.longest_batch_s if grace_s is None else grace_s
     say(f"==> {model} {version} is the default; draining {old.version} (its queue, then {grace:g} s)")
+
+    # From here the new version serves every request that names no version: whatever happens to the old one,
+    # a restart must register the new archive.
+    def restart_note() -> str:
+        return _kept_for_restart(server.model_store, archive, model, version, old.version)[1]
+
     try:
         _drain(management, old.version, grace, deadline=time.monotonic() + load_timeout_s)
         retired = management.unregister(old.version, timeout=load_timeout_s)
-    except _KeyRefused as refused:
+    except KeyRefused as refused:
         raise UpdateFailed(
             f"{refused}. {model} {version} serves; {old.version} may still be registered: "
-            f"DELETE /models/{model}/{old.version} with a new key"
+            f"DELETE /models/{model}/{old.version} with a new key; {restart_note()}"
         ) from refused
+    except requests.RequestException as error:
+        raise UpdateFailed(
+            f"{error}: {model} {version} serves; whether {old.version} is still registered, GET /models/{model}/all "
+            f"shows; {restart_note()}"
+        ) from error
+    except UpdateFailed as stuck:  # the drain's deadline
+        raise UpdateFailed(f"{stuck}; {restart_note()}") from stuck
     if retired.status_code != 200:
         raise UpdateFailed(
             f"{model} {version} serves, but unregistering {old.version} failed (HTTP {retired.status_code}: "
-            f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle"
+            f"{_message(retired)}): DELETE /models/{model}/{old.version} once it is idle; {restart_note()}"
         )
-    say(f"==> {model} {old.version} unregistered; {model} serves {version}")
+    kept, note = _kept_for_restart(server.model_store, archive, model, version, old.version)
+    if not kept:
+        raise UpdateFailed(f"{model} {version} serves and {old.version} is unregistered, but {note}")
+    say(f"==> {model} {old.version} unregistered; {model} serves {version}, and {note}")
 
 
 def _bring_up(

@@ -20,12 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import requests
 
 from tooling.paths import LOG_CONFIG, METRICS_CONFIG, REPO, SERVER_CONFIG
@@ -152,6 +154,33 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+# What `torchserve --start` and `--stop` look for in the command line of the process their pid file names.
+TORCHSERVE_MAIN = "org.pytorch.serve.ModelServer"
+
+
+def pid_file() -> Path:
+    """Where `torchserve --start` writes its Java frontend's pid: $TMPDIR (scripts/runtime_env.sh: logs/tmp)."""
+    return Path(tempfile.gettempdir()) / ".model_server.pid"
+
+
+def running_torchserve(pid_file: Path) -> psutil.Process | None:
+    """The TorchServe that wrote `pid_file`, if it still runs.
+
+    TorchServe itself trusts any process with its main class on its command line, but a pid is reused (a reboot, a
+    crash): the file may name another TorchServe, a fleet replica, a test's, another checkout's, which serve.sh
+    would take for this one and stop.sh would stop. The one that wrote it got the file's folder as its Java temp
+    dir: its launcher passes TEMP as -Djava.io.tmpdir, and both launchers (scripts/runtime_env.sh,
+    server_environment) set TEMP and TMPDIR to the same folder."""
+    try:
+        process = psutil.Process(int(pid_file.read_text().split()[0]))
+        command = process.cmdline()
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+    flag = "-Djava.io.tmpdir="
+    tmpdirs = {os.path.realpath(arg.removeprefix(flag)) for arg in command if arg.startswith(flag)}
+    return process if TORCHSERVE_MAIN in command and os.path.realpath(pid_file.parent) in tmpdirs else None
 
 
 # TorchServe 0.12's answer (HTTP 400) to a key that is wrong or has expired: keys last token_expiration_min

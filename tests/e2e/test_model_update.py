@@ -1,6 +1,8 @@
 """scripts/update_model.py on a real TorchServe: a new archive takes over a model's name under load with
 no request failed, one that cannot serve leaves the old version serving, and TorchServe's own recipe
 (register, set-default, unregister at once) fails a batch in flight, which is why the drain exists.
+Followed as docs/checkpoints.md writes it, a failed update leaves <model>.mar, the file a restart
+registers, the old version's archive, and a successful one makes it the new version's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.support import batches_received, wait_until
 from tooling.archiving import build_archive, write_model_config
 from tooling.checkpoints import HEADS, build_random_classifier
 from tooling.corpus import LABELS
+from tooling.model_archive import archive_name, archive_version
 from tooling.paths import REPO
 from tooling.torchserve import TorchServe
 
@@ -37,9 +40,9 @@ NEW_LABELS = set(HEADS["multi-label"]["id2label"].values())
 
 
 @pytest.fixture(scope="module")
-def archives(tiny_checkpoint, tmp_path_factory) -> dict[str, Path]:
-    """Archives outside the server's store, copied in by each test under the file name it needs."""
-    out = tmp_path_factory.mktemp("update-archives")
+def kinds(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, Path | None, str]]:
+    """(checkpoint, model-config.yaml, version) of each kind of archive the tests serve."""
+    out = tmp_path_factory.mktemp("update-checkpoints")
     config = tmp_path_factory.mktemp("update-config")
     old_config = write_model_config(
         config / "old.yaml", {"responseTimeout": RESPONSE_TIMEOUT_S}, fault_marker=SLOW, fault_delay_s=STALL_S
@@ -48,11 +51,28 @@ def archives(tiny_checkpoint, tmp_path_factory) -> dict[str, Path]:
     failing_config = write_model_config(config / "failing.yaml", None, fault_marker="clean", fault_kind="error")
     multi_label = build_random_classifier(out / "multi-label", "tiny", seed=1, head="multi-label")
     return {
-        "old": build_archive(tiny_checkpoint, "old", out / "old", old_config, version="1.0"),
-        "new": build_archive(multi_label, "new", out / "new", version="2.0"),
-        "bad": build_archive(tiny_checkpoint, "bad", out / "bad", bad_config, version="3.0"),  # fails to load
-        "failing": build_archive(tiny_checkpoint, "failing", out / "failing", failing_config, version="4.0"),
+        "old": (tiny_checkpoint, old_config, "1.0"),
+        "new": (multi_label, None, "2.0"),
+        "bad": (tiny_checkpoint, bad_config, "3.0"),  # fails to load
+        "failing": (tiny_checkpoint, failing_config, "4.0"),  # loads, fails every text with "clean" in it
     }
+
+
+@pytest.fixture(scope="module")
+def archives(kinds, tmp_path_factory):
+    """archives(kind, model): an archive of that kind naming `model` in its manifest (as the update requires: a restart
+    registers it under that name), outside the server's store; each test copies it in under the file name it needs."""
+    out = tmp_path_factory.mktemp("update-archives")
+    built: dict[tuple[str, str], Path] = {}
+
+    def archive(kind: str, model: str) -> Path:
+        if (kind, model) not in built:
+            checkpoint, config, version = kinds[kind]
+            options = {"config_file": config} if config else {}
+            built[kind, model] = build_archive(checkpoint, model, out / f"{model}-{kind}", version=version, **options)
+        return built[kind, model]
+
+    return archive
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +95,7 @@ def register_old(server, archives):
     models = []
 
     def register(model: str) -> None:
-        install(server, archives["old"], f"{model}.mar")
+        install(server, archives("old", model), f"{model}.mar")
         models.append(model)
         response = server.register(
             f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
@@ -157,7 +177,7 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
         try:
             # The load is on before the update starts: answers are coming back from the old version.
             wait_until(lambda: any(label in LABELS for _, _, label in answers), 60, "an answer from the old version")
-            archive = install(server, archives["new"], f"{model}.mar")
+            archive = install(server, archives("new", model), f"{model}-2.0.mar")
             update = subprocess.Popen(
                 update_command(server, archive, "--model", model),
                 cwd=REPO, stdout=subprocess.PIPE, stderr=stderr_file, text=True,
@@ -198,13 +218,15 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
     assert served["modelVersion"] == "2.0"
     assert (served["batchSize"], served["maxBatchDelay"], served["minWorkers"]) == (8, 20, OLD_WORKERS)
     assert len(served["workers"]) == OLD_WORKERS and all(worker["status"] == "READY" for worker in served["workers"])
+    # What a restart registers is the version that now serves.
+    assert (server.model_store / f"{model}.mar").read_bytes() == archive.read_bytes()
 
 
 def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, register_old):
     """Pins TorchServe 0.12: unregistering a version right after the switch fails what it holds."""
     model = "naive"
     register_old(model)
-    install(server, archives["new"], "naive-2.mar")
+    install(server, archives("new", model), "naive-2.mar")
     assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
     with ThreadPoolExecutor(max_workers=1) as pool:
         # By name, so it reaches 1.0 whenever it arrives; queued or in flight there, the unregister fails it.
@@ -224,7 +246,8 @@ def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, regist
 def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, archives, register_old, tmp_path):
     model = "rollback"
     register_old(model)
-    bad = install(server, archives["bad"], "rollback-3.mar")
+    restart_file = (server.model_store / f"{model}.mar").read_bytes()
+    bad = install(server, archives("bad", model), "rollback-3.mar")
     update = run_update(server, bad, "--model", model)
     assert update.returncode == 1
     assert "still serves, unchanged" in update.stderr and "max_length" in update.stderr, update.stderr
@@ -233,18 +256,96 @@ def test_an_archive_that_cannot_serve_leaves_the_old_version_serving(server, arc
     # Loads, but fails the probe (its fault hook fails every text with "clean" in it).
     probe = tmp_path / "probe.txt"
     probe.write_text("the room was clean")
-    failing = install(server, archives["failing"], "rollback-4.mar")
+    failing = install(server, archives("failing", model), "rollback-4.mar")
     update = run_update(server, failing, "--model", model, "--probe", str(probe))
     assert update.returncode == 1
     assert "answered the probe with HTTP 500" in update.stderr and "4.0 is unregistered again" in update.stderr
     assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
     assert predict_label(server, model, "the room was clean")[0] == 200
 
-    again = run_update(server, install(server, archives["old"], "rollback-1.mar"), "--model", model)
+    again = run_update(server, install(server, archives("old", model), "rollback-1.mar"), "--model", model)
     assert again.returncode == 1 and "already has a version 1.0" in again.stderr, again.stderr
 
     elsewhere = tmp_path / "rollback-5.mar"
-    shutil.copyfile(archives["new"], elsewhere)
+    shutil.copyfile(archives("new", model), elsewhere)
     outside = run_update(server, elsewhere, "--model", model)
     assert outside.returncode == 2 and "not in the server's model store" in outside.stderr, outside.stderr
+
+    # Named for another model: after the update it would be rollback.mar, which a restart registers by that name.
+    other = run_update(server, install(server, archives("new", "other"), "rollback-2.mar"), "--model", model)
+    assert other.returncode == 1 and "names its model 'other', not 'rollback'" in other.stderr, other.stderr
+
+    # The guide's old way: the new version written over rollback.mar, what a restart registers, is refused.
+    overwritten = run_update(server, install(server, archives("new", model), f"{model}.mar"))
+    assert overwritten.returncode == 1 and "the file a restart registers" in overwritten.stderr, overwritten.stderr
     assert [served["modelVersion"] for served in versions(server, model)] == ["1.0"]
+    assert predict_label(server, model, "the room was clean")[0] == 200
+    (server.model_store / f"{model}.mar").write_bytes(restart_file)
+
+
+def archive_command(server: TorchServe, checkpoint: Path, model: str, version: str, *extra: str) -> list[str]:
+    """docs/checkpoints.md's archive_model line, into the test server's store (and checked against that server)."""
+    return [
+        sys.executable, "-m", "scripts.archive_model", str(checkpoint), "--name", model, "--version", version,
+        "--export-path", str(server.model_store),
+        "--server-config", str(server.config_path), "--key-file", str(server.key_file), *extra,
+    ]  # fmt: skip
+
+
+def archive_per_guide(server: TorchServe, checkpoint: Path, model: str, version: str, *extra: str):
+    return subprocess.run(
+        archive_command(server, checkpoint, model, version, *extra), cwd=REPO, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def restarted_version(server: TorchServe, model: str) -> tuple[str, str | None]:
+    """What a restart would serve: <model>.mar registered afresh (under another name, beside the running model) and
+    asked once; (its version, the label it answers). scripts/serve.sh registers it by its manifest's name."""
+    restart = server.model_store / f"{model}.mar"
+    assert archive_name(restart) == model
+    fresh = f"{model}-restart"
+    response = server.register(restart.name, model_name=fresh, initial_workers=1)
+    assert response.status_code == 200, response.text
+    try:
+        [described] = server.describe(fresh)
+        status, label = predict_label(server, fresh, "the room was clean")
+        assert status == 200, label
+        return described["modelVersion"], label
+    finally:
+        unregister_all(server, fresh)
+
+
+def test_the_guides_update_leaves_a_restart_serving_the_last_version_that_passed(server, kinds, register_old):
+    model = "guide"
+    register_old(model)
+    store = server.model_store
+    tiny, bad_config, _ = kinds["bad"]
+    multi_label = kinds["new"][0]
+
+    # The old guide's way, the new version over guide.mar, is refused: it is what guide 1.0 was registered from.
+    over = archive_per_guide(server, multi_label, model, "2.0")
+    assert over.returncode == 2 and "--file-name guide-2.0.mar" in over.stderr, over.stderr
+    assert archive_version(store / "guide.mar") == "1.0"
+
+    # A new version that cannot load, archived under a file name of its own as the guide says: the update fails ...
+    bad = ("--file-name", "guide-3.0.mar", "--config", str(bad_config))
+    archived = archive_per_guide(server, tiny, model, "3.0", *bad)
+    assert archived.returncode == 0, archived.stderr
+    failed = run_update(server, store / "guide-3.0.mar")
+    assert failed.returncode == 1 and "1.0 still serves, unchanged" in failed.stderr, failed.stderr
+    # ... and a restart serves 1.0, the version that still serves, not the one that failed.
+    version, label = restarted_version(server, model)
+    assert version == "1.0" and label in LABELS, (version, label)
+
+    # A new version that serves: once it does and 1.0 is gone, guide.mar is its archive.
+    archived = archive_per_guide(server, multi_label, model, "2.0", "--file-name", "guide-2.0.mar")
+    assert archived.returncode == 0, archived.stderr
+    updated = run_update(server, store / "guide-2.0.mar")
+    assert updated.returncode == 0, updated.stderr
+    assert "guide.mar is now 2.0's archive" in updated.stdout, updated.stdout
+    assert [served["modelVersion"] for served in versions(server, model)] == ["2.0"]
+    assert (store / "guide.mar").read_bytes() == (store / "guide-2.0.mar").read_bytes()
+    version, label = restarted_version(server, model)
+    assert version == "2.0" and label in NEW_LABELS, (version, label)
+    assert not [path.name for path in store.iterdir() if path.name.startswith(".")], "a partial file was left"

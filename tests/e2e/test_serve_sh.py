@@ -134,7 +134,7 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=checkout, env=env, capture_output=True, timeout=120)
         # serve.sh's process group: its TorchServe, should stop.sh have left anything of it.
         stop_recorded(group, group=True)
-        assert stop.returncode == 0, stop.stderr
+        assert stop.returncode == 0 and b"stop: done" in stop.stdout, stop.stdout + stop.stderr
 
 
 def test_serve_sh_puts_no_key_on_a_command_line_and_prints_none(served):
@@ -232,6 +232,54 @@ def test_serve_sh_run_again_with_another_budget_leaves_the_running_server_and_it
     assert f"keeps its configuration (default_workers_per_model=1 job_queue_size={queue})" in other.stderr
     assert "latency budget 500 ms" in other.stderr and "scripts/stop.sh, then this script" in other.stderr
     assert config.read_bytes() == written
+
+
+def test_serve_sh_registering_on_a_server_that_keeps_another_budget_names_the_servers_queue(served):
+    """The model gone from a server that runs with another configuration than this run's: serve.sh registers it and
+    names the queue the server has (logs/config.properties), not the one this run's budget asks for."""
+    config = (served.checkout / "logs" / "config.properties").read_text()
+    queue = re.search(r"^job_queue_size=(\d+)$", config, flags=re.MULTILINE).group(1)
+    management = re.search(r"^management_address=(.*)$", config, flags=re.MULTILINE).group(1)
+    key = {"Authorization": f"Bearer {served.keys['management']}"}
+    removed = requests.delete(f"{management}/models/{MODEL}", headers=key, timeout=120)
+    assert removed.status_code == 200, removed.text
+    for _ in range(60):
+        if requests.get(f"{management}/models/{MODEL}", headers=key, timeout=30).status_code == 404:
+            break
+        time.sleep(0.5)
+    run = subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=served.checkout, env={**served.env, "LATENCY_BUDGET_MS": "500"},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "keeps its configuration" in run.stderr and f"==> registering {MODEL}.mar" in run.stdout, run.stdout
+    assert f"    job_queue_size={queue}: the running server's, not this run's" in run.stdout, run.stdout
+    assert "latency budget 500 ms at" not in run.stdout, run.stdout
+
+
+def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
+    """The pid file names a live TorchServe of this checkout that does not answer /ping (starting, or hung; here a
+    stand-in with its command line): `torchserve --start` refuses, and serve.sh says so in its words, which only
+    logs/console.log held, rather than stop with nothing said."""
+    archive = tmp_path / "unused.mar"
+    archive.write_bytes(b"")
+    checkout, _ = make_checkout(tmp_path, archive)
+    tmpdir = checkout / "logs" / "tmp"
+    tmpdir.mkdir(parents=True)
+    command = ["import time; time.sleep(120)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
+    server = subprocess.Popen([sys.executable, "-c", *command])
+    try:
+        (tmpdir / ".model_server.pid").write_text(str(server.pid))
+        run = subprocess.run(
+            ["bash", "scripts/serve.sh"], cwd=checkout, env={**os.environ, "BERT_DEVICE": "cpu", "WORKERS": "1"},
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    assert run.returncode == 1, run.stdout
+    assert "torchserve --start failed; the end of logs/console.log:" in run.stderr, run.stderr
+    assert "TorchServe is already running" in run.stderr and "scripts/stop.sh" in run.stderr, run.stderr
 
 
 def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):

@@ -49,19 +49,30 @@ def test_free_ports_pass_and_a_listener_on_one_is_named_with_its_setting_and_pro
     assert len(taken.stderr.splitlines()) == 1, taken.stderr  # the four free ones are not named
 
 
+def fake_torchserve(tmpdir) -> subprocess.Popen:
+    """A process whose command line has what a TorchServe frontend's has that running_torchserve reads: its main
+    class and its Java temp dir (TorchServe's launcher passes TEMP)."""
+    command = ["import time; time.sleep(60)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
+    return subprocess.Popen([sys.executable, "-c", *command])
+
+
 def test_this_checkouts_running_torchserve_holding_the_ports_passes(properties, tmp_path):
-    """The pid file names a live process that is a TorchServe (its main class on its command line, as
-    `torchserve --start` itself checks): serve.sh goes on to talk to it."""
+    """The pid file names a live TorchServe (its main class on its command line, as `torchserve --start` itself
+    checks) whose Java temp dir is the pid file's folder: the one that wrote it. serve.sh goes on to talk to it."""
     path, ports = properties
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "org.pytorch.serve.ModelServer"])
+    ours, other = fake_torchserve(tmp_path), fake_torchserve(tmp_path / "elsewhere")
     try:
-        (tmp_path / ".model_server.pid").write_text(str(server.pid))
         with socket.socket() as listener:
             listener.bind(("127.0.0.1", ports["inference_address"]))
             listener.listen()
+            (tmp_path / ".model_server.pid").write_text(str(ours.pid))
             assert ports_free(path, tmp_path).returncode == 0
             (tmp_path / ".model_server.pid").write_text(str(os.getpid()))  # alive, but not a TorchServe
             assert ports_free(path, tmp_path).returncode == 1
+            # The pid reused by another TorchServe (a fleet replica, a test's, another checkout's): not this one.
+            (tmp_path / ".model_server.pid").write_text(str(other.pid))
+            assert ports_free(path, tmp_path).returncode == 1
     finally:
-        server.kill()
-        server.wait()
+        for server in (ours, other):
+            server.kill()
+            server.wait()

@@ -1,15 +1,22 @@
-"""tooling.torchserve.RunningServer: how the scripts reach a server started elsewhere, from its config and key file."""
+"""tooling.torchserve.RunningServer: how the scripts reach a server started elsewhere, from its config and key file;
+running_torchserve and scripts/stop.sh: which server its pid file names, and stopping only that one."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
-from tooling.torchserve import RunningServer, key_expiry
+from tooling.paths import REPO, SERVER_CONFIG
+from tooling.torchserve import RunningServer, key_expiry, running_torchserve
 
 
 def write_server(folder: Path, properties: dict[str, str], keys: dict | None) -> tuple[Path, Path]:
@@ -92,3 +99,102 @@ def test_a_key_refused_and_not_rotated_is_not_tried_again(tmp_path):
 def test_key_expiry_reads_javas_instants(fraction):
     expected = datetime(2026, 11, 24, 13, 35, 48, int((fraction[1:] + "000000")[:6] or 0), tzinfo=timezone.utc)
     assert key_expiry(f"2026-11-24T13:35:48{fraction}Z") == expected
+
+
+def fake_torchserve(tmpdir: Path) -> subprocess.Popen:
+    """A process with what running_torchserve reads of a TorchServe frontend's command line: its main class and its
+    Java temp dir (TorchServe's launcher passes TEMP)."""
+    command = ["import time; time.sleep(60)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
+    return subprocess.Popen([sys.executable, "-c", *command])
+
+
+@pytest.fixture
+def servers():
+    """Starts fake TorchServes (fake_torchserve), each killed at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(tmpdir: Path) -> subprocess.Popen:
+        started.append(fake_torchserve(tmpdir))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.kill()
+        server.wait()
+
+
+def test_the_pid_file_names_this_checkouts_server_only_if_that_server_wrote_it(tmp_path, servers):
+    pid_file = tmp_path / "tmp" / ".model_server.pid"
+    pid_file.parent.mkdir()
+    pid_file.write_text(str(servers(tmp_path / "tmp").pid))
+    assert running_torchserve(pid_file).pid == int(pid_file.read_text())
+    (tmp_path / "link").symlink_to(tmp_path / "tmp")  # the same folder by another path
+    assert running_torchserve(tmp_path / "link" / ".model_server.pid") is not None
+    pid_file.write_text(str(servers(tmp_path / "other").pid))  # the pid reused by another TorchServe
+    assert running_torchserve(pid_file) is None
+    pid_file.write_text(str(os.getpid()))  # by a process that is no TorchServe
+    assert running_torchserve(pid_file) is None
+
+
+# Stands in for `torchserve --stop --foreground`, as TorchServe 0.12 does it: terminates the process the pid file
+# names (unless IGNORED: a server that outlives its 60 s wait) and removes the file either way.
+TORCHSERVE = """#!/bin/sh
+echo "torchserve $*" >>"$LOG"
+[ -n "${IGNORED:-}" ] || kill "$(cat logs/tmp/.model_server.pid)"
+rm -f logs/tmp/.model_server.pid
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """What stop.sh runs: scripts/, tooling/, config.properties, and a .venv whose python is the repository's and
+    whose torchserve is the stand-in above."""
+    checkout = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__")
+    for folder in ("scripts", "tooling"):
+        shutil.copytree(REPO / folder, checkout / folder, ignore=ignore)
+    shutil.copy(SERVER_CONFIG, checkout / SERVER_CONFIG.name)
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "python").write_text(f'#!/bin/sh\nexec {REPO / ".venv" / "bin" / "python"} "$@"\n')
+    (checkout / ".venv" / "bin" / "torchserve").write_text(TORCHSERVE)
+    for name in ("python", "torchserve"):
+        (checkout / ".venv" / "bin" / name).chmod(0o755)
+    (checkout / "logs" / "tmp").mkdir(parents=True)
+    return checkout
+
+
+def stop_sh(checkout: Path, **variables: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LOG": str(checkout.parent / "calls.log"), **variables}
+    return subprocess.run(
+        ["bash", "scripts/stop.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def gone(server: subprocess.Popen) -> bool:
+    return not psutil.pid_exists(server.pid) or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_stop_sh_leaves_another_torchserve_its_pid_file_names_alone(checkout, servers):
+    """The pid reused by another TorchServe: it runs on, and the stale file, which would keep `torchserve --start`
+    from starting this checkout's, is removed."""
+    other = servers(checkout.parent / "elsewhere")
+    pid_file = checkout / "logs" / "tmp" / ".model_server.pid"
+    pid_file.write_text(str(other.pid))
+    stop = stop_sh(checkout)
+    assert stop.returncode == 0, stop.stderr
+    assert not gone(other) and not (checkout.parent / "calls.log").exists() and not pid_file.exists()
+    assert f"named pid {other.pid}, not this checkout's TorchServe" in stop.stdout, stop.stdout
+
+
+def test_stop_sh_stops_this_checkouts_torchserve_and_fails_when_it_outlives_the_stop(checkout, servers):
+    pid_file = checkout / "logs" / "tmp" / ".model_server.pid"
+    ours = servers(checkout / "logs" / "tmp")
+    pid_file.write_text(str(ours.pid))
+    stop = stop_sh(checkout)
+    assert stop.returncode == 0 and stop.stdout.endswith("stop: done\n") and gone(ours), stop.stdout + stop.stderr
+    lasting = servers(checkout / "logs" / "tmp")
+    pid_file.write_text(str(lasting.pid))
+    stop = stop_sh(checkout, IGNORED="1")
+    assert stop.returncode == 1 and "stop: done" not in stop.stdout, stop.stdout
+    assert f"stop: TorchServe (pid {lasting.pid}) still runs after torchserve --stop" in stop.stderr
+    assert not gone(lasting)

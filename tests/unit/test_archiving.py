@@ -1,0 +1,67 @@
+"""tooling/archiving.py writes an archive whole or not at all: torch-model-archiver writes its zip in place, manifest
+last, so an archiver cut short must never leave a truncated file under the archive's name (scripts/setup.sh would
+call a truncated model_store/bert.mar, newer than its sources, up to date)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tooling import archiving
+from tooling.model_archive import archive_name, archive_version
+
+OLD = b"the archive that was there before"
+
+
+def export_path_of(command: list[str]) -> str:
+    return command[command.index("--export-path") + 1]
+
+
+def test_an_archiver_cut_short_leaves_the_old_archive_and_nothing_else(tiny_checkpoint, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "tiny.mar").write_bytes(OLD)
+    real_run = subprocess.run
+
+    def cut_short(command, **kwargs):
+        """The real archiver, then its zip truncated and a kill's exit status: what an interrupted write leaves."""
+        real_run(command, **kwargs)
+        written = next(path for path in (tmp_path / "store").rglob("tiny.mar") if path.read_bytes() != OLD)
+        written.write_bytes(written.read_bytes()[: written.stat().st_size // 2])
+        raise subprocess.CalledProcessError(-9, command)
+
+    monkeypatch.setattr(archiving.subprocess, "run", cut_short)
+    with pytest.raises(subprocess.CalledProcessError):
+        archiving.pack_archive(tiny_checkpoint, "tiny", store)
+    assert (store / "tiny.mar").read_bytes() == OLD
+    assert sorted(path.name for path in store.iterdir()) == ["tiny.mar"], "a partial file or folder was left"
+
+
+def test_a_finished_archive_replaces_the_old_one_in_one_rename(tiny_checkpoint, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "tiny.mar").write_bytes(OLD)
+    before = (store / "tiny.mar").stat().st_ino
+    written = archiving.pack_archive(tiny_checkpoint, "tiny", store, version="2.0")
+    assert written == store / "tiny.mar" and archive_version(written) == "2.0"
+    assert written.stat().st_ino != before, "written in place rather than renamed over the old file"
+    assert sorted(path.name for path in store.iterdir()) == ["tiny.mar"]
+
+
+def test_a_file_name_of_its_own_keeps_the_model_name(tiny_checkpoint, tmp_path):
+    """scripts.update_model's input: a new version of `tiny` beside tiny.mar, which is left alone."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "tiny.mar").write_bytes(OLD)
+    written = archiving.pack_archive(tiny_checkpoint, "tiny", store, version="2.0", file_name="tiny-2.0.mar")
+    assert written == store / "tiny-2.0.mar"
+    assert (archive_name(written), archive_version(written)) == ("tiny", "2.0")
+    assert (store / "tiny.mar").read_bytes() == OLD
+    assert sorted(path.name for path in store.iterdir()) == ["tiny-2.0.mar", "tiny.mar"]
+
+
+@pytest.mark.parametrize("file_name", ["sub/tiny.mar", "tiny.zip", ".tiny.mar", "../tiny.mar"])
+def test_a_file_name_must_be_a_plain_archive_name(file_name):
+    with pytest.raises(ValueError, match=r"plain NAME\.mar"):
+        archiving.archive_file_name("tiny", file_name)

@@ -1,0 +1,139 @@
+"""scripts/setup.sh's own decisions, run for real in a copy of the checkout with stand-ins for what it calls.
+
+PYTHON is a stand-in whose `-m venv` makes a fake .venv the way `python -m venv` does (pyvenv.cfg, then bin/python,
+then pip: VENV_FAILS stops it before pip, as a missing python3.11-venv or a Ctrl-C would); anything else it hands to
+the real interpreter. The fake .venv's python answers `-m pip` only once pip is there, and archives by touching
+model_store/bert.mar (ARCHIVE_FAILS: then fails, as an interrupted archiving would). Every call is logged. Nothing
+here touches the repository's .venv or model_store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import REPO
+
+VENV_PYTHON = """#!/bin/sh
+venv=$(cd "$(dirname "$0")/.." && pwd)
+echo "venv-python $*" >>"$LOG"
+case "$1 $2" in
+  "-m pip") [ -d "$venv/lib/python3.11/site-packages/pip" ] || { echo "No module named pip" >&2; exit 1; } ;;
+  "-m scripts.archive_model") touch model_store/bert.mar; [ -z "${ARCHIVE_FAILS:-}" ] || exit 1 ;;
+  -c*) echo "$venv/lib/python3.11/site-packages" ;;  # the one question setup.sh asks it: its purelib
+esac
+"""
+
+PYTHON = """#!/bin/sh
+if [ "$1 $2" = "-m venv" ]; then
+  shift 2
+  system=false
+  if [ "$1" = --system-site-packages ]; then system=true; shift; fi
+  echo "venv $system" >>"$LOG"
+  mkdir -p "$1/bin" "$1/lib/python3.11/site-packages"
+  printf 'home = /usr/bin\\ninclude-system-site-packages = %s\\nversion = 3.11.7\\n' "$system" >"$1/pyvenv.cfg"
+  cp {venv_python} "$1/bin/python"
+  if [ -n "${VENV_FAILS:-}" ]; then echo "ensurepip is not available" >&2; exit 1; fi
+  mkdir "$1/lib/python3.11/site-packages/pip"
+  exit 0
+fi
+if [ -n "${SITE_FAILS:-}" ] && [ "$1" = -c ]; then exit 1; fi
+exec {real} "$@"
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("setup.sh", "detect_device.py"):
+        shutil.copy(REPO / "scripts" / name, checkout / "scripts" / name)
+    (checkout / "scripts" / "install_system_packages.sh").write_text("#!/usr/bin/env bash\n")
+    (checkout / "scripts" / "install_system_packages.sh").chmod(0o755)
+    for name in ("pyproject.toml", "requirements.lock", "model-config.yaml", "handlers/handler.py",
+                 "tooling/archiving.py", "tooling/onnx_export.py", "build/demo-model/config.json"):  # fmt: skip
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text(f"# {name}\n")
+    (checkout / "model_store").mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "venv-python").write_text(VENV_PYTHON)
+    python = bin_dir / "python"
+    python.write_text(PYTHON.replace("{venv_python}", str(bin_dir / "venv-python")).replace("{real}", sys.executable))
+    for path in (python, bin_dir / "venv-python"):
+        path.chmod(0o755)
+    return checkout
+
+
+def setup(checkout: Path, **variables: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": str(checkout.parent / "bin" / "python"), "LOG": str(checkout.parent / "calls.log"),
+           "BERT_DEVICE": "cpu", **variables}  # fmt: skip
+    for name in ("TORCH_SPEC", "SETUP_EXTRAS", "VENV_FAILS", "ARCHIVE_FAILS", "SITE_FAILS"):
+        if name not in variables:
+            env.pop(name, None)
+    return subprocess.run(
+        ["bash", "scripts/setup.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def creations(checkout: Path) -> list[str]:
+    log = checkout.parent / "calls.log"
+    return [line for line in log.read_text().splitlines() if line.startswith("venv ")] if log.exists() else []
+
+
+def test_a_venv_whose_creation_stopped_before_pip_is_made_again(checkout):
+    failed = setup(checkout, VENV_FAILS="1")
+    assert failed.returncode != 0 and (checkout / ".venv" / "bin" / "python").exists(), failed.stderr
+    again = setup(checkout)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "==> .venv is incomplete (its creation failed or was interrupted): making it again" in again.stdout
+    assert creations(checkout) == ["venv false", "venv false"]
+    assert setup(checkout).returncode == 0 and len(creations(checkout)) == 2  # a complete one is kept
+
+
+def test_a_kept_torch_venv_whose_pth_was_not_written_is_made_again(checkout):
+    """In keep mode the .pth file is the creation's last step: PYTHON failing to name its packages leaves none."""
+    failed = setup(checkout, TORCH_SPEC="keep", SITE_FAILS="1")
+    assert failed.returncode != 0, failed.stdout
+    again = setup(checkout, TORCH_SPEC="keep")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "==> .venv is incomplete" in again.stdout and creations(checkout) == ["venv true", "venv true"]
+    assert (checkout / ".venv" / "lib" / "python3.11" / "site-packages" / "kept-python.pth").read_text().strip()
+
+
+def test_a_venv_made_for_the_other_torch_is_made_again(checkout):
+    assert setup(checkout).returncode == 0
+    keep = setup(checkout, TORCH_SPEC="keep")
+    assert keep.returncode == 0, keep.stdout + keep.stderr
+    assert "==> .venv was made without --system-site-packages, this run keeps" in keep.stdout, keep.stdout
+    assert "include-system-site-packages = true" in (checkout / ".venv" / "pyvenv.cfg").read_text()
+    assert setup(checkout, TORCH_SPEC="keep").returncode == 0  # the same mode again: kept
+    back = setup(checkout)
+    assert back.returncode == 0 and "==> .venv was made with --system-site-packages, this run replaces" in back.stdout
+    assert creations(checkout) == ["venv false", "venv true", "venv false"]
+
+
+def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_not_trusted(checkout):
+    assert setup(checkout).returncode == 0
+    archive, stamp = checkout / "model_store" / "bert.mar", checkout / "model_store" / ".bert.mar.device"
+    assert stamp.read_text() == "cpu\n"
+    for path in checkout.rglob("*"):
+        os.utime(path, (1_000_000, 1_000_000))
+    os.utime(archive, (2_000_000, 2_000_000))
+    # A test run's imports write byte code: a new handlers/__pycache__ (handlers/ changes too) and its .pyc.
+    (checkout / "handlers" / "__pycache__").mkdir()
+    (checkout / "handlers" / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0")
+    current = setup(checkout)
+    assert "==> model_store/bert.mar is up to date" in current.stdout, current.stdout
+    # A handler change, then an archiving interrupted after it wrote bert.mar: the next run archives again.
+    os.utime(checkout / "handlers" / "handler.py", (3_000_000, 3_000_000))
+    interrupted = setup(checkout, ARCHIVE_FAILS="1")
+    assert interrupted.returncode != 0 and archive.stat().st_mtime > 3_000_000 and not stamp.exists()
+    again = setup(checkout)
+    assert again.returncode == 0 and "==> archiving model_store/bert.mar" in again.stdout, again.stdout
+    assert stamp.read_text() == "cpu\n"
