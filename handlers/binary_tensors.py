@@ -43,6 +43,8 @@ def inline_binary_inputs(document: Any, binary: bytes) -> Any | str:
 
     Inputs without `binary_data_size` keep their JSON `data`. The sizes must account for every byte sent."""
     if not isinstance(document, Mapping) or not isinstance(document.get("inputs"), list):
+        if binary:  # bytes no input claims would be dropped unread: the request is not what its sender meant
+            return f"{len(binary)} bytes of binary data after a body that is not a v2 request with inputs"
         return document  # not a v2 request: protocols.py says why
     inputs, offset = [], 0
     for index, tensor in enumerate(document["inputs"]):
@@ -55,6 +57,8 @@ def inline_binary_inputs(document: Any, binary: bytes) -> Any | str:
             return f"inputs[{index}].parameters.{BINARY_SIZE} is {size!r}, past the {len(binary)} bytes of binary data"
         if tensor.get("datatype") != "BYTES":
             return f'inputs[{index}].datatype must be "BYTES" (texts), got {tensor.get("datatype")!r}'
+        if tensor.get("data") is not None:  # which to classify would be a guess: KServe reads `data`, Triton the bytes
+            return f"inputs[{index}] has both 'data' and parameters.{BINARY_SIZE}: send its texts one way"
         texts = byte_elements(binary[offset : offset + size])
         if isinstance(texts, str):
             return f"inputs[{index}]: {texts}"

@@ -129,6 +129,20 @@ def test_sizes_that_do_not_add_up_are_refused_as_a_whole_request():
         assert parsed.error is not None and parsed.error.status == 400, body
 
 
+def test_bytes_no_input_reads_and_texts_sent_both_ways_are_refused_not_guessed():
+    """A v1 body, or a v2 one without inputs, followed by binary data would have the bytes dropped unread; an input
+    with both `data` and `binary_data_size` leaves which texts to classify open (KServe reads one, Triton the
+    other). Each is a 400 for that request."""
+    one = element(b"a text")
+    v1 = json.dumps({"instances": ["a text"]}).encode()
+    parsed = read_on_the_kserve_route(v1 + one, len(v1))
+    assert parsed.error is not None and parsed.error.status == 400 and "not a v2 request" in parsed.error.message
+    assert read_on_the_kserve_route(v1, len(v1)).instances == ("a text",)  # no bytes after it: read as v1
+    both = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["other"]}
+    both["parameters"] = {"binary_data_size": len(one)}
+    assert "both 'data' and parameters.binary_data_size" in inline_binary_inputs({"inputs": [both]}, one)
+
+
 def test_a_binary_body_over_the_size_limit_is_413_before_any_decoding():
     body, json_size = tritonclient_body({"text": ["x" * LIMIT]})
     request = read_on_the_kserve_route(body, json_size)
