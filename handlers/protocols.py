@@ -97,6 +97,11 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     well-formed one (a text to classify is never a whole v1/v2 document).
     """
     route = route_of(headers)
+    encoding = request_header(headers, "Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        # TorchServe's frontend has no decompressor: a compressed body would be read as garbled text or JSON.
+        error = rejection.unsupported_content_encoding(encoding.strip())
+        return ParsedRequest(PREDICTIONS, error=error, kserve_route=route == ROUTE_KSERVE)
     if route == ROUTE_KSERVE:
         header_length = request_header(headers, HEADER_LENGTH)
         if header_length is not None:

@@ -150,6 +150,16 @@ def unsupported_charset(charset: str) -> Rejection:
     )
 
 
+def unsupported_content_encoding(encoding: str) -> Rejection:
+    shown = encoding if len(encoding) <= 40 else encoding[:40] + "..."
+    return Rejection(
+        415,
+        "UnsupportedContentEncoding",
+        f"Content-Encoding {shown!r} is not supported: TorchServe hands the body over as it was sent, so send it "
+        "uncompressed (tritonclient: leave request_compression_algorithm out)",
+    )
+
+
 def invalid_encoding(charset: str, position: int) -> Rejection:
     """The body does not decode in the charset its Content-Type declares (InvalidUTF8 for UTF-8)."""
     return Rejection(400, "InvalidEncoding", f"body is not valid {charset} (byte {position}), the declared charset")

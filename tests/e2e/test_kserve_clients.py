@@ -176,6 +176,27 @@ def test_tritonclient_reads_the_error_of_a_refused_instance(torchserve, shared_m
     assert raised.value.message() == "inputs[0].data[1]: text is empty or whitespace only"
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_a_compressed_request_is_refused_with_415_naming_the_encoding(torchserve, shared_model, algorithm):
+    """TorchServe's frontend has no request decompressor: a body tritonclient compressed reaches the handler as it
+    was sent. It is refused as what it is, never read as garbled JSON."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(url=torchserve.inference_url.removeprefix("http://"))
+    try:
+        text = triton.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array(["a fine stay"], dtype=object))
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(
+                shared_model, [text], headers=torchserve.auth("inference"), request_compression_algorithm=algorithm
+            )
+    finally:
+        client.close()
+    assert raised.value.status() == "415"
+    assert raised.value.message().startswith(f"Content-Encoding '{algorithm}' is not supported")
+
+
 def test_concurrent_binary_and_json_answers_keep_their_own_headers_within_a_batch(torchserve, shared_model, expected):
     """Per-item reply headers, through a real TorchServe: requests asking for binary outputs, for JSON ones and for
     a mix share batches, and each reply carries its own Content-Type and Inference-Header-Content-Length (or none),

@@ -49,3 +49,16 @@ def test_unknown_route_takes_only_a_well_formed_envelope_without_content_type():
     malformed = json.dumps({"instances": "not a list"}).encode()
     assert read(grpc({"data": malformed})).instances == (malformed.decode(),)
     assert read(grpc({"data": b"plain text"})).instances == ("plain text",)
+
+
+def test_a_compressed_body_is_refused_on_every_route_and_an_identity_one_is_read():
+    import gzip
+
+    body = json.dumps(v2("a")).encode()
+    for route in (on_kserve_route, lambda request: request):
+        item, headers = route(raw_body(gzip.compress(body), "application/json"))
+        request = read_request(item, {**headers, "Content-Encoding": "gzip"}, LIMIT, INSTANCES)
+        assert (request.error.status, request.error.type) == (415, "UnsupportedContentEncoding")
+        assert request.kserve_route == (route is on_kserve_route)  # a KServe client reads its message from `error`
+        item, headers = route(raw_body(body, "application/json"))
+        assert read_request(item, {**headers, "Content-Encoding": "identity"}, LIMIT, INSTANCES).instances == ("a",)
