@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import yaml
@@ -49,7 +50,7 @@ from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
 from tooling.bench.frames import reading_speed
 from tooling.bench.plot import plot
-from tooling.bench.report import machine, markdown
+from tooling.bench.report import machine, markdown, write_atomically
 from tooling.bench.served import Layout, batching_settings, gpu_layouts, parse_layouts, served_cells
 from tooling.bench.targets import evaluate_targets
 from tooling.paths import MODEL_CONFIG, REPO
@@ -160,7 +161,8 @@ def handler_options_of(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A time limit's SIGTERM unwinds like an error: the private TorchServe is stopped and the workdir removed.
+    # A time limit's SIGTERM unwinds like an error: each layout's workers' log is copied to --out, the private
+    # TorchServe stopped and the workdir removed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args = parse_args(argv)
     overrides, options = handler_options_of(args)
@@ -264,35 +266,53 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
             "layouts": [layout.label for layout in args.layouts],
         },
         "backends": {p.name: {"export": p.export} for p in backends},
+        "ceilings": [],
+        "served": [],
+        # What failed and was skipped, the run going on with the rest: a backend's ceilings, a model's registration
+        # (its worker's own exception in the error). A run with any exits 1 once everything else is written.
+        "failures": [],
     }
     results = args.out / "benchmark.json"
 
     def keep(**measured) -> None:
-        # Written after the ceilings and after every served cell: a run cut short (a time limit, Ctrl-C, a
+        # Written before the ceilings, after each backend's ceilings and after every served cell, replacing the
+        # file whole (a SIGTERM mid-write leaves the previous one): a run cut short (a time limit, Ctrl-C, a
         # failure) leaves what it measured, marked incomplete.
-        results.write_text(json.dumps({**report, **measured, "complete": False}, indent=2))
+        report.update(measured)
+        write_atomically(results, json.dumps({**report, "complete": False}, indent=2))
 
-    report["ceilings"] = (
-        [] if args.no_ceilings else ceilings(backends, texts, args.batch_size, options, progress, device)
-    )
-    keep(served=[])
+    def failed(failure: dict) -> None:
+        report["failures"].append(failure)
+        keep()
+
+    keep()
+    if not args.no_ceilings:
+        report["ceilings"] = ceilings(backends, texts, args.batch_size, options, progress, device,
+                                      measured=lambda rows: keep(ceilings=rows), failed=failed)  # fmt: skip
+    keep()
     settings = {
         p.name: batching_settings(args.batch_size, args.delays, p.name in args.one_at_a_time_backends) for p in backends
     }
-    report["served"] = served_cells(
-        backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts, device,
-        measured=lambda cells: keep(served=cells),
-    )  # fmt: skip
+    try:
+        report["served"] = served_cells(
+            backends, texts, workdir, settings, args.concurrency, args.duration, options, progress, args.layouts,
+            device, measured=lambda cells: keep(served=cells), failed=failed, logs_to=args.out,
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - recorded; what was measured is kept and the tables written
+        traceback.print_exc()
+        failed({"stage": "served", "backend": ",".join(names), "error": f"{type(error).__name__}: {error}"})
     report["targets"] = evaluate_targets(report)
     report["complete"] = True
 
-    results.write_text(json.dumps(report, indent=2))
-    (args.out / "benchmark.md").write_text(markdown(report))
+    write_atomically(results, json.dumps(report, indent=2))
+    write_atomically(args.out / "benchmark.md", markdown(report))
     plot(report, args.out / "benchmark.png")
     print()
     print(markdown(report))
-    progress(f"wrote {args.out}/benchmark.json, benchmark.md, benchmark.png")
-    return 0
+    progress(f"wrote {args.out}/benchmark.json, benchmark.md, benchmark.png, model_log-<layout>.log")
+    for failure in report["failures"]:
+        print(f"benchmark: {failure['stage']} of {failure['backend']} failed: {failure['error']}", file=sys.stderr)
+    return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":

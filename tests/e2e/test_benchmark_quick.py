@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from tooling.bench.answers import TOLERANCE
 from tooling.bench.device import GRAPHS_OFF_CUDA
 from tooling.bench.scrape import STAGES
+from tooling.bench.served import MODEL_LOG_HEAD_BYTES, MODEL_LOG_TAIL_BYTES, STARTUP_TIMEOUT_S
 from tooling.bench.targets import evaluate_targets, load_targets, targets_for
 from tooling.paths import REPO
 
@@ -65,16 +67,58 @@ def cells(report, **where):
     return cells_of(report["served"], **where)
 
 
-def test_a_finished_run_says_it_is_complete(report):
-    assert report["complete"] is True
+def test_a_finished_run_says_it_is_complete_and_keeps_its_workers_log(quick_run):
+    report, out = quick_run
+    assert report["complete"] is True and report["failures"] == []
+    # Each model's workers logged their load (handlers/loading.py's line) into the copy of model_log.log.
+    log = (out / "model_log-1xall.log").read_text()
+    assert all(f"-bench-{backend}-1xall-b8-d2_" in log for backend in BACKENDS), log[-3000:]
+
+
+# The benchmark's own entry point with one backend more, "unloadable": the checkpoint, archived with a handler
+# option only a worker checks (the in-process parts never read the archive's options), so its workers fail at load
+# the way a CUDA graph capture can on a GPU. Set here, in the run's process: the benchmark has no such backend.
+WITH_AN_UNLOADABLE_BACKEND = """
+import sys
+import tooling.archiving
+from tooling.bench.backends import BACKENDS, Backend
+BACKENDS["unloadable"] = Backend("unloadable", onnx=False)
+write_model_config = tooling.archiving.write_model_config
+def unloadable(path, *args, **options):
+    if "-unloadable-" in path.name:
+        options["overlength"] = "wrap-around"
+    return write_model_config(path, *args, **options)
+tooling.archiving.write_model_config = unloadable
+from scripts.benchmark import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def described_while_running(processes, model: str) -> dict:
+    """GET /models/<model> from the run's TorchServe, found by its launcher's --ts-config (key file beside it)."""
+    import requests
+
+    from tooling.torchserve import RunningServer
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            command = process.cmdline()
+            if "--ts-config" in command:
+                config = Path(command[command.index("--ts-config") + 1])
+                server = RunningServer.from_files(config, config.with_name("key_file.json"))
+                url = f"{server.management_url}/models/{model}"
+                return requests.get(url, headers=server.headers("management"), timeout=10).json()[0]
+    raise AssertionError(f"no torchserve --ts-config among {processes}")
 
 
 def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_path):
     """SIGTERM (what `timeout` sends) once the first served cell is measured: benchmark.json holds the cells
-    measured so far, marked incomplete, and every process the run started is gone."""
+    measured so far, marked incomplete, and every process the run started is gone. Beside PyTorch a model whose
+    workers cannot load was registered: its failure and the worker's own exception are recorded, its cells skipped,
+    the others measured; and what the workers logged is copied to --out before the work directory goes."""
     out = tmp_path / "bench"
-    command = [sys.executable, "-m", "scripts.benchmark", "--quick", "--model", "tiny", "--backends", "pytorch",
-               "--no-ceilings", "--out", str(out)]  # fmt: skip
+    command = [sys.executable, "-c", WITH_AN_UNLOADABLE_BACKEND, "--quick", "--model", "tiny",
+               "--backends", "pytorch,unloadable", "--no-ceilings", "--out", str(out)]  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     printed, started = [], []
     try:
@@ -84,6 +128,9 @@ def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_
                 break
         started = psutil.Process(run.pid).children(recursive=True)
         assert any("java" in p.name() for p in started), "".join(printed)  # its TorchServe, running
+        # The archive's model-config.yaml sets the workers' start-up limit, over TorchServe's 120 s default.
+        described = described_while_running(started, "bench-pytorch-1xall-b8-d2")
+        assert described["startupTimeout"] == STARTUP_TIMEOUT_S == 600, described
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=90) == 128 + signal.SIGTERM, "".join(printed)
         _, alive = psutil.wait_procs(started, timeout=30)
@@ -97,6 +144,24 @@ def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_
     # Quick serves PyTorch at batch_size 1 and 8 to 1 and 16 clients: stopped before the last of the four.
     assert 1 <= len(report["served"]) < 4
     assert all(cell["errors"] == 0 and cell["requests"] > 0 for cell in report["served"])
+    assert {cell["backend"] for cell in report["served"]} == {"pytorch"}
+    [failure] = report["failures"]
+    model = "bench-unloadable-1xall-b8-d2"
+    assert {k: failure[k] for k in ("stage", "backend", "layout", "config", "model")} == {
+        "stage": "registration", "backend": "unloadable", "layout": "1xall", "config": "batch_size=8, delay=2ms",
+        "model": model,
+    }  # fmt: skip
+    # TorchServe's answer, and the cause it does not give: the worker's own exception from model_log.log.
+    assert f"registering {model} failed: HTTP 50" in failure["error"] and "Failed to start workers" in failure["error"]
+    assert failure["error"].endswith(
+        f"; the worker's error: handlers.loading.ModelLoadFailed: cannot load {model} on the CPU: "
+        "ValueError: overlength must be one of ('truncate', 'reject')"
+    ), failure
+    # The workers' log of the layout, copied before the work directory was removed: the loads, the failure.
+    log = (out / "model_log-1xall.log").read_text()
+    assert "W-" in log and f"-{model}_" in log and "ModelLoadFailed" in log
+    assert [p.name for p in out.iterdir() if p.name.startswith("model_log")] == ["model_log-1xall.log"]
+    assert (out / "model_log-1xall.log").stat().st_size <= MODEL_LOG_HEAD_BYTES + MODEL_LOG_TAIL_BYTES + 100
 
 
 def test_a_cpu_run_skips_the_cuda_graphs_backend_and_says_why(report):

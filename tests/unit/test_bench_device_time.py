@@ -47,5 +47,5 @@ def test_backends_that_serve_one_checkpoint_share_one_reference(tiny_checkpoint,
 
 def test_the_warm_up_runs_at_the_largest_client_count_the_cells_measure():
     """So the eager backend has run its fullest batches before a measured cell, as CUDA graphs did at capture."""
-    assert served.warm_up_clients([1, 64, 1024, 256]) == 1024
-    assert served.warm_up_clients([8]) == 8
+    assert served.warm_up_clients([1, 64, 1024, 256], 128, 8) == 1024  # fewer than 8 workers' batches twice over
+    assert served.warm_up_clients([8], 128, 1) == 8

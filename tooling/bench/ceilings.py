@@ -12,10 +12,12 @@ use) meets most shapes for the first time in its process, the second (`second_pa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -185,31 +187,64 @@ def ceilings(
     handler_options: dict,
     progress: Callable[[str], None],
     device: str = "cpu",
+    measured: Callable[[list[dict]], None] = lambda rows: None,
+    failed: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """For each backend: the plain loop at batch 1 and B (at B in arrival order and length-sorted), the handler
-    at batch B without and with planning (its max_batch_tokens as the handler resolves it for that backend)."""
+    at batch B without and with planning (its max_batch_tokens as the handler resolves it for that backend).
+    `measured` is given the rows so far after each backend. With `failed`, a backend whose ceilings raise (a CUDA
+    graph capture that fails in this process) is reported to it as {"stage": "ceilings", "backend", "error"},
+    its rows dropped, and the next backend measured; without it the error propagates."""
     rows = []
     for prepared in backends:
-        options = prepared.options(handler_options, device)
-        backend_options = prepared.handler_options(handler_options)
-        loops = [(1, "arrival")] + ([(batch_size, "arrival"), (batch_size, "length")] if batch_size > 1 else [])
-        if prepared.backend.handler_options:
-            loops = []  # the plain loop takes no handler option: the same loop as the backend's plain twin
-        for b, order in loops:
-            row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options, device, order)}
-            rows.append(row)
-            progress(f"ceiling {prepared.name}: plain loop, batch {b}, {order} order: {row['texts_per_s']:.1f} texts/s")
-        for budget in (UNLIMITED_TOKENS, options.max_batch_tokens):
-            row = {
-                "backend": prepared.name,
-                **handler_ceiling(prepared, texts, batch_size, {**backend_options, "max_batch_tokens": budget}, device),
-            }
-            rows.append(row)
-            progress(
-                f"ceiling {prepared.name}: handler, batch {batch_size}, {row['planning']} (max_batch_tokens "
-                f"{budget}): {row['texts_per_s']:.1f} texts/s, padded/real tokens {row['padding_waste']:.2f}"
-            )
-        release(device)
+        try:
+            rows.extend(_backend_ceilings(prepared, texts, batch_size, handler_options, progress, device))
+            release(device)
+        except Exception as error:
+            if failed is None:
+                raise
+            traceback.print_exc()
+            progress(f"ceiling {prepared.name}: FAILED: {error_text(error)}")
+            failed({"stage": "ceilings", "backend": prepared.name, "error": error_text(error)})
+            with contextlib.suppress(Exception):  # a GPU left in an error state refuses this too: recorded above
+                release(device)
+        measured(list(rows))
+    return rows
+
+
+def error_text(error: BaseException) -> str:
+    """An exception as a results file records it: its type and message, e.g. "RuntimeError: CUDA error: ..."."""
+    return f"{type(error).__name__}: {error}"
+
+
+def _backend_ceilings(
+    prepared: PreparedBackend,
+    texts: Sequence[str],
+    batch_size: int,
+    handler_options: dict,
+    progress: Callable[[str], None],
+    device: str,
+) -> list[dict]:
+    rows = []
+    options = prepared.options(handler_options, device)
+    backend_options = prepared.handler_options(handler_options)
+    loops = [(1, "arrival")] + ([(batch_size, "arrival"), (batch_size, "length")] if batch_size > 1 else [])
+    if prepared.backend.handler_options:
+        loops = []  # the plain loop takes no handler option: the same loop as the backend's plain twin
+    for b, order in loops:
+        row = {"backend": prepared.name, **plain_loop(prepared, texts, b, options, device, order)}
+        rows.append(row)
+        progress(f"ceiling {prepared.name}: plain loop, batch {b}, {order} order: {row['texts_per_s']:.1f} texts/s")
+    for budget in (UNLIMITED_TOKENS, options.max_batch_tokens):
+        row = {
+            "backend": prepared.name,
+            **handler_ceiling(prepared, texts, batch_size, {**backend_options, "max_batch_tokens": budget}, device),
+        }
+        rows.append(row)
+        progress(
+            f"ceiling {prepared.name}: handler, batch {batch_size}, {row['planning']} (max_batch_tokens "
+            f"{budget}): {row['texts_per_s']:.1f} texts/s, padded/real tokens {row['padding_waste']:.2f}"
+        )
     return rows
 
 

@@ -41,7 +41,8 @@ def plot(report: Mapping, path: Path) -> None:
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
     right.set_yscale("log")
-    left.legend(fontsize=7)
+    if cells:  # a run whose every registration failed plots its ceilings alone
+        left.legend(fontsize=7)
     fig.suptitle(f"{report['settings']['model']} on {report['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

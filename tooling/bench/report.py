@@ -5,8 +5,25 @@ from __future__ import annotations
 import math
 import os
 import platform
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` as `path`'s whole content, or the file as it was: written to a temporary file in the same folder and
+    renamed over `path`, so a process stopped mid-write (a time limit's SIGTERM) never leaves half a file."""
+    path = Path(path)
+    handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, before the rename
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".partial", delete=False
+    )
+    try:
+        with handle:
+            handle.write(text)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
 
 
 def machine() -> str:
@@ -108,5 +125,19 @@ def markdown(report: Mapping) -> str:
         *ceilings_table(report["ceilings"]),
         "",
         *targets_table(report["targets"]),
+        *failures_section(report.get("failures", [])),
     ]
     return "\n".join(lines) + "\n"
+
+
+def failures_section(failures: list[Mapping]) -> list[str]:
+    """What failed and was skipped (ceilings of a backend, a model's registration), with the error; none: nothing."""
+    if not failures:
+        return []
+    lines = ["", "Failed, and skipped (the run went on with the rest):", "",
+             "| stage | backend | layout, configuration | error |", "|---|---|---|---|"]  # fmt: skip
+    for f in failures:
+        where = ", ".join(str(f[key]) for key in ("layout", "config") if f.get(key)) or "–"
+        error = " ".join(str(f["error"]).split()).replace("|", "\\|")
+        lines.append(f"| {f['stage']} | {f['backend']} | {where} | {error} |")
+    return lines
