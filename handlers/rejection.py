@@ -140,23 +140,26 @@ def missing_input(inputs: int) -> Rejection:
     )
 
 
+def _shown(header_value: str) -> str:
+    """A client's header value as a message quotes it: cut at 40 characters, so an error body stays small."""
+    return header_value if len(header_value) <= 40 else header_value[:40] + "..."
+
+
 def unsupported_charset(charset: str) -> Rejection:
-    shown = charset if len(charset) <= 40 else charset[:40] + "..."
     return Rejection(
         415,
         "UnsupportedCharset",
-        f"charset {shown!r} in Content-Type is not a text encoding this server knows: send UTF-8 "
+        f"charset {_shown(charset)!r} in Content-Type is not a text encoding this server knows: send UTF-8 "
         "(the default; leave charset out) or a standard one such as utf-16, iso-8859-1, windows-1252, shift_jis",
     )
 
 
 def unsupported_content_encoding(encoding: str) -> Rejection:
-    shown = encoding if len(encoding) <= 40 else encoding[:40] + "..."
     return Rejection(
         415,
         "UnsupportedContentEncoding",
-        f"Content-Encoding {shown!r} is not supported: TorchServe hands the body over as it was sent, so send it "
-        "uncompressed (tritonclient: leave request_compression_algorithm out)",
+        f"Content-Encoding {_shown(encoding)!r} is not supported: TorchServe hands the body over as it was sent, "
+        "so send it uncompressed (tritonclient: leave request_compression_algorithm out)",
     )
 
 
