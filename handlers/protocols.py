@@ -109,13 +109,21 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
         else:
             envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
         return replace(envelope, kserve_route=True)
+    if route == ROUTE_UNKNOWN:
+        return _without_binary_outputs(_read_unknown_route(item, headers, max_bytes, max_instances))
+    return parse_request(decode_request(item, headers, max_bytes), max_instances)
+
+
+def _read_unknown_route(
+    item: Any, headers: Mapping[str, Any] | None, max_bytes: int, max_instances: int
+) -> ParsedRequest:
+    """TorchServe's gRPC API: a body with no declared media type is an envelope when it is a well-formed one."""
     name, _ = payload_of(item)
-    if route == ROUTE_UNKNOWN and name is not None and not payload_content_type(headers, name).media_type:
+    if name is not None and not payload_content_type(headers, name).media_type:
         envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
         if envelope.error is None:
-            return _without_binary_outputs(envelope)
-    parsed = parse_request(decode_request(item, headers, max_bytes), max_instances)
-    return _without_binary_outputs(parsed) if route == ROUTE_UNKNOWN else parsed
+            return envelope
+    return parse_request(decode_request(item, headers, max_bytes), max_instances)
 
 
 def _without_binary_outputs(request: ParsedRequest) -> ParsedRequest:

@@ -69,10 +69,10 @@ def handler_options(archive: Path) -> HandlerOptions:
         raise ValueError(f"{archive}: its model-config.yaml: {exc}") from exc
 
 
-def holds_onnx_model(archive: Path) -> bool:
+def holds_onnx_model(archive: Path, options: HandlerOptions) -> bool:
     """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
-    from the archive's model-config.yaml) holds model.onnx (handlers/loading.backend_of)."""
-    subdir = handler_options(archive).model_subdir
+    `options` as handler_options read them) holds model.onnx (handlers/loading.backend_of)."""
+    subdir = options.model_subdir
     with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
 
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
         return 2
     try:
-        onnx = holds_onnx_model(args.archive)
-        options = handler_options(args.archive)
+        options = handler_options(args.archive)  # the archive's model-config.yaml, read once
+        onnx = holds_onnx_model(args.archive, options)
     except (NotAnArchive, ValueError) as exc:
         print(f"kserve_layout: {exc}", file=sys.stderr)
         return 2
