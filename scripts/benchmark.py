@@ -87,9 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--delays", type=int_list, default=[2], help="max_batch_delay values (ms) for batch_size=B")
     parser.add_argument(
         "--one-at-a-time-backends",
-        type=parse_backends,
+        type=lambda value: [] if value == "none" else parse_backends(value),
         default=None,
-        help="backends also served at batch_size=1 (default: every backend)",
+        help="backends also served at batch_size=1 (default: every backend; none: no batch_size=1 cells)",
     )
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of load per cell")
     parser.add_argument("--texts", type=int, default=256, help="corpus size")

@@ -27,6 +27,11 @@ MAX_ROWS = 16
 # float32 replayed against float32 eager on the same GPU: the graphs pad each pass wider, and the
 # attention kernel for a masked pass can differ from an unpadded one's; their sums differ in rounding only.
 TOLERANCE = 1e-4
+# The same text in passes of other shapes (a bisected group of 4 rows against the text alone): other rows and
+# widths pick other kernels. Measured on an H200 (2026-11-27), float32 through the graphs: 1.65e-4, over the
+# 1e-4 above. 1e-3 is what the eager path's own neighbours-against-alone check allows
+# (tests/gpu/test_gpu_serving.py, the out-of-memory test); the labels must still agree exactly.
+ACROSS_PASSES = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +70,8 @@ def test_replayed_passes_answer_as_eager_ones_for_every_size_and_fall_back_beyon
 def test_a_failing_item_is_bisected_out_through_the_graphs(unpacked_model_dir):
     options = {"dtype": "float32", "cuda_graphs": True, "fault_marker": "poison"}
     handler = load_handler(unpacked_model_dir, options, gpu_id=0)
+    description = handler.served.description
+    assert " on cuda:0 (torch.float32" in description and "CUDA graphs" in description, description
     texts = [f"review {i}: the breakfast was {'good' if i % 2 else 'cold'}" for i in range(8)]
     texts[5] = "poison in the soup"
     context = make_context(unpacked_model_dir, options, gpu_id=0)
@@ -76,7 +83,7 @@ def test_a_failing_item_is_bisected_out_through_the_graphs(unpacked_model_dir):
         alone = make_context(unpacked_model_dir, options, gpu_id=0)
         [single] = handler.handle(set_batch(alone, [(text.encode(), "text/plain")]), alone)
         assert json.loads(bodies[index])["label"] == json.loads(single)["label"]
-        assert json.loads(bodies[index])["score"] == pytest.approx(json.loads(single)["score"], abs=TOLERANCE)
+        assert json.loads(bodies[index])["score"] == pytest.approx(json.loads(single)["score"], abs=ACROSS_PASSES)
 
 
 @pytest.mark.parametrize("head", ["multi-label", "regression"])

@@ -162,3 +162,12 @@ def test_a_cuda_run_without_a_gpu_stops_at_once_after_printing_the_gpu_command(m
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == f"On a GPU host (one H100), run: {GPU_COMMAND}"
     assert "torch.cuda.is_available() is False" in err and list(tmp_path.iterdir()) == []
+
+
+def test_none_leaves_out_every_batch_size_one_cell():
+    # A GPU run spends its device minutes on the batched cells; the batch_size=1 baseline is a committed figure.
+    args = parse_args(["--backends", "pytorch-graphs,pytorch", "--one-at-a-time-backends", "none"])
+    assert args.one_at_a_time_backends == []
+    assert parse_args(["--backends", "pytorch"]).one_at_a_time_backends == ["pytorch"]
+    with pytest.raises(SystemExit):
+        parse_args(["--one-at-a-time-backends", "nothing"])

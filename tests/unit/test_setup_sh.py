@@ -118,10 +118,35 @@ def test_a_venv_made_for_the_other_torch_is_made_again(checkout):
     assert creations(checkout) == ["venv false", "venv true", "venv false"]
 
 
+CPU_ARCHIVE = "cpu --backend onnx --handler-option cpu_threads=1"
+
+
+def archivings(checkout: Path) -> list[str]:
+    log = checkout.parent / "calls.log"
+    prefix = "venv-python -m scripts.archive_model build/demo-model --name bert "
+    return [line.removeprefix(prefix) for line in log.read_text().splitlines() if line.startswith(prefix)]
+
+
+def test_a_gpu_host_archives_the_demo_for_pytorch_with_cuda_graphs_and_a_change_of_kind_archives_again(checkout):
+    assert setup(checkout).returncode == 0
+    gpu = setup(checkout, BERT_DEVICE="gpu")
+    assert gpu.returncode == 0, gpu.stdout + gpu.stderr
+    assert "==> archiving model_store/bert.mar (PyTorch, float16 on the GPU, CUDA graphs)" in gpu.stdout, gpu.stdout
+    assert archivings(checkout) == ["--backend onnx --handler-option cpu_threads=1",
+                                    "--backend pytorch --handler-option cuda_graphs=true"]  # fmt: skip
+    stamp = checkout / "model_store" / ".bert.mar.device"
+    assert stamp.read_text() == "gpu --backend pytorch --handler-option cuda_graphs=true\n"
+    assert "==> model_store/bert.mar is up to date" in setup(checkout, BERT_DEVICE="gpu").stdout
+    # An archive built with other options (the stamp of a set-up before the graphs) is built again.
+    stamp.write_text("gpu --backend pytorch\n")
+    assert "==> archiving model_store/bert.mar" in setup(checkout, BERT_DEVICE="gpu").stdout
+    assert len(archivings(checkout)) == 3
+
+
 def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_not_trusted(checkout):
     assert setup(checkout).returncode == 0
     archive, stamp = checkout / "model_store" / "bert.mar", checkout / "model_store" / ".bert.mar.device"
-    assert stamp.read_text() == "cpu\n"
+    assert stamp.read_text() == f"{CPU_ARCHIVE}\n"
     for path in checkout.rglob("*"):
         os.utime(path, (1_000_000, 1_000_000))
     os.utime(archive, (2_000_000, 2_000_000))
@@ -136,4 +161,4 @@ def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_no
     assert interrupted.returncode != 0 and archive.stat().st_mtime > 3_000_000 and not stamp.exists()
     again = setup(checkout)
     assert again.returncode == 0 and "==> archiving model_store/bert.mar" in again.stdout, again.stdout
-    assert stamp.read_text() == "cpu\n"
+    assert stamp.read_text() == f"{CPU_ARCHIVE}\n"
