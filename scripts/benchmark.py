@@ -44,7 +44,7 @@ import yaml
 
 from handlers.options import HandlerOptions
 from tooling.archiving import add_handler_option_argument
-from tooling.bench.backends import BACKENDS, parse_backends, prepare_backends
+from tooling.bench.backends import BACKENDS, parse_backends, parse_backends_or_none, prepare_backends
 from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, tokenization_speed, worst_batch_seconds
 from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--delays", type=int_list, default=[2], help="max_batch_delay values (ms) for batch_size=B")
     parser.add_argument(
         "--one-at-a-time-backends",
-        type=lambda value: [] if value == "none" else parse_backends(value),
+        type=parse_backends_or_none,
         default=None,
         help="backends also served at batch_size=1 (default: every backend; none: no batch_size=1 cells)",
     )

@@ -51,22 +51,17 @@ def test_the_float16_difference_cited_is_the_largest_of_the_committed_gpu_runs()
     assert f"within {figure} of float32" in _one_line(REPO / "README.md")
 
 
-def _h200_cell(backend: str, workers: int, concurrency: int) -> dict:
-    served = json.loads((DOCS / "bench-gpu-h200" / "benchmark.json").read_text())["served"]
-    [cell] = [c for c in served if (c["backend"], c["workers"], c["concurrency"]) == (backend, workers, concurrency)]
-    return cell
-
-
 def test_the_cuda_graphs_figures_quoted_are_the_committed_h200_runs():
     run = json.loads((DOCS / "bench-gpu-h200" / "benchmark.json").read_text())
+    cells = {(c["backend"], c["workers"], c["concurrency"]): c for c in run["served"]}
     assert "NVIDIA H200 (CUDA" in (DOCS / "bench-gpu-h200" / "benchmark.md").read_text().splitlines()[0]
     readme, benchmarks = _one_line(REPO / "README.md"), _one_line(DOCS / "benchmarks.md")
-    lone_graphs, lone_eager = _h200_cell("pytorch-graphs", 1, 1)["p50_ms"], _h200_cell("pytorch", 1, 1)["p50_ms"]
+    lone_graphs, lone_eager = cells["pytorch-graphs", 1, 1]["p50_ms"], cells["pytorch", 1, 1]["p50_ms"]
     assert f"median **{lone_graphs:.1f} ms** against eager passes' {lone_eager:.1f}" in readme
-    graphs, eager = _h200_cell("pytorch-graphs", 8, 256)["rps"], _h200_cell("pytorch", 8, 256)["rps"]
+    graphs, eager = cells["pytorch-graphs", 8, 256]["rps"], cells["pytorch", 8, 256]["rps"]
     ratio = graphs / eager
     assert f"served {ratio:.1f}× eager's requests at 256 clients ({graphs:,.0f} against {eager:,.0f} req/s)" in readme
-    graphs, eager = _h200_cell("pytorch-graphs", 8, 1024)["rps"], _h200_cell("pytorch", 8, 1024)["rps"]
+    graphs, eager = cells["pytorch-graphs", 8, 1024]["rps"], cells["pytorch", 8, 1024]["rps"]
     assert f"at 1,024 clients eager led, {eager:,.0f} against {graphs:,.0f}" in readme
     assert f"| 8 workers, 1,024 | {graphs:,.0f} | **{eager:,.0f}** |" in benchmarks
     checked = sum(c["answers_checked"] for c in run["served"])

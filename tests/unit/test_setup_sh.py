@@ -81,9 +81,14 @@ def setup(checkout: Path, **variables: str) -> subprocess.CompletedProcess:
     )
 
 
-def creations(checkout: Path) -> list[str]:
+def calls(checkout: Path) -> list[str]:
+    """Every call the stand-ins logged, in order."""
     log = checkout.parent / "calls.log"
-    return [line for line in log.read_text().splitlines() if line.startswith("venv ")] if log.exists() else []
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def creations(checkout: Path) -> list[str]:
+    return [line for line in calls(checkout) if line.startswith("venv ")]
 
 
 def test_a_venv_whose_creation_stopped_before_pip_is_made_again(checkout):
@@ -119,12 +124,12 @@ def test_a_venv_made_for_the_other_torch_is_made_again(checkout):
 
 
 CPU_ARCHIVE = "cpu --backend onnx --handler-option cpu_threads=1"
+ARCHIVING = "venv-python -m scripts.archive_model build/demo-model --name bert "
 
 
 def archivings(checkout: Path) -> list[str]:
-    log = checkout.parent / "calls.log"
-    prefix = "venv-python -m scripts.archive_model build/demo-model --name bert "
-    return [line.removeprefix(prefix) for line in log.read_text().splitlines() if line.startswith(prefix)]
+    """The archive options of each archiving the set-up ran, in order."""
+    return [line.removeprefix(ARCHIVING) for line in calls(checkout) if line.startswith(ARCHIVING)]
 
 
 def test_a_gpu_host_archives_the_demo_for_pytorch_with_cuda_graphs_and_a_change_of_kind_archives_again(checkout):

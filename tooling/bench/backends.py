@@ -61,6 +61,11 @@ def parse_backends(value: str) -> list[str]:
     return names
 
 
+def parse_backends_or_none(value: str) -> list[str]:
+    """parse_backends, or "none" for no backend at all (the benchmark's --one-at-a-time-backends)."""
+    return [] if value == "none" else parse_backends(value)
+
+
 def prepare_backends(
     names: Sequence[str], checkpoint: Path, workdir: Path, progress: Callable[[str], None]
 ) -> list[PreparedBackend]:
