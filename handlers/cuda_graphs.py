@@ -4,7 +4,8 @@ Why: on a GPU, BERT's forward pass at serving sizes is bound by kernel launches,
 H100 the eager pass of one text took 21.9 ms in the handler, and BERT-base at batch 128 did 13,051
 texts/s eager against 26,436 when each shape's kernels were replayed from a graph (docs/benchmarks.md,
 "GPU"; ../shared/notes/gpu-facts.md). A graph's shapes are fixed, so each pass is padded up to the
-smallest captured shape (a bucket: rows x width) that holds it: the extra columns are masked and the
+captured shape (a bucket: rows x width) that holds it at the least cost (each bucket's pass is timed once
+captured: handlers/batching.BucketCosts, which also plans the passes): the extra columns are masked and the
 extra rows are answered and dropped. A BERT row never attends to another row, so neither changes the
 real rows' answers (tests/inprocess/test_cuda_graph_padding.py checks that on the CPU, and the gpu tests
 through the graphs themselves).
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from handlers.batching import Bucket, BucketCosts
 from handlers.loading import ModelLoadFailed
 from handlers.scores import SOFTMAX, apply
 
@@ -30,6 +32,9 @@ from handlers.scores import SOFTMAX, apply
 WIDTH_LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Replays before each capture, on a side stream: cuBLAS and the allocator set themselves up outside the graph.
 WARM_UP_RUNS = 2
+# Timed passes per bucket once all are captured; the fastest is its cost: the others' extra time is the host's or
+# another worker's (several share a GPU while they start), not the bucket's.
+TIMED_RUNS = 3
 
 
 def require_capture_safe_transformers() -> None:
@@ -55,26 +60,12 @@ def require_capture_safe_transformers() -> None:
         ) from None
 
 
-@dataclass(frozen=True, order=True)
-class Bucket:
-    """One captured shape: passes of at most `rows` texts, each at most `width` tokens wide."""
-
-    rows: int
-    width: int
-
-
 def bucket_ladder(max_rows: int, max_width: int) -> list[Bucket]:
     """Every shape to capture: rows in powers of two up to `max_rows`, widths from WIDTH_LADDER up to
     `max_width`; both maxima are buckets themselves, so every pass within them has one."""
     rows = sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)})
     widths = sorted({w for w in WIDTH_LADDER if w < max_width} | {max_width})
     return [Bucket(r, w) for r in rows for w in widths]
-
-
-def smallest_bucket(buckets: Sequence[Bucket], rows: int, width: int) -> Bucket | None:
-    """The bucket that holds a pass of `rows` x `width` with the fewest padded tokens; None when none does."""
-    holding = [b for b in buckets if b.rows >= rows and b.width >= width]
-    return min(holding, key=lambda b: (b.rows * b.width, b.width)) if holding else None
 
 
 def pad_into(arrays: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], pad_token_id: int) -> None:
@@ -124,25 +115,42 @@ class GraphedPasses:
                                    f"failed ({type(exc).__name__}: {exc}); set cuda_graphs: false to serve without "
                                    "them") from exc  # fmt: skip
         self.capture_s = time.perf_counter() - started
+        self.costs = BucketCosts({bucket: self._timed(bucket) for bucket in self.buckets})
 
     def __call__(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Float32 scores (handlers/scores.py) for the collated pass, in order; None when no bucket holds it.
         `arrays` has the inputs the graphs were captured with (handlers/tokenization.collate's keys)."""
         rows, width = arrays["input_ids"].shape
-        bucket = smallest_bucket(self.buckets, rows, width)
-        if bucket is None:
-            return None
+        bucket = self.costs.holding(rows, width)
+        return None if bucket is None else self._replay(bucket, arrays)
+
+    def _replay(self, bucket: Bucket, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         graph = self._graphs[bucket]
         pad_into(arrays, graph.host, self._pad_token_id)
         graph.copy_in()
         graph.replay()
+        rows = arrays["input_ids"].shape[0]
         return graph.probabilities[:rows].cpu().numpy()  # type: ignore[index] - a tensor; .cpu() waits for it
+
+    def _timed(self, bucket: Bucket) -> float:
+        """Seconds the fastest of TIMED_RUNS passes filling `bucket` took, the way a served pass goes: padded in,
+        copied, replayed and read back. Of pad tokens, attended, token type 0: ids every model embeds (a 1 would
+        index past RoBERTa's one token type: a device-side assert), and every row read back, which waits for it."""
+        shape = (bucket.rows, bucket.width)
+        fill = {"input_ids": self._pad_token_id, "attention_mask": 1}
+        full = {name: np.full(shape, fill.get(name, 0), dtype=np.int64) for name in self._graphs[bucket].host}
+        times = []
+        for _ in range(TIMED_RUNS):
+            started = time.perf_counter()
+            self._replay(bucket, full)
+            times.append(time.perf_counter() - started)
+        return min(times)
 
     @property
     def description(self) -> str:
         largest = max(self.buckets)
         shapes = f"{len(self.buckets)} buckets up to {largest.rows} x {largest.width}"
-        return f"CUDA graphs: {shapes}, captured in {self.capture_s:.1f} s"
+        return f"CUDA graphs: {shapes}, captured in {self.capture_s:.1f} s, {self.costs.description}"
 
 
 def _capture(model, device, bucket: Bucket, input_names: Sequence[str], pad_token_id: int, pool, scores: str

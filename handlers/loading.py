@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from handlers.batching import BucketCosts, CheapestPasses, PassPlanner, TokenBudget
 from handlers.cpu_quota import usable_cpus
 from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
 from handlers.options import HandlerOptions
@@ -60,6 +61,18 @@ class LoadedModel:
     model_type: str
     backend: str  # "pytorch" or "onnxruntime"
     description: str  # one line for the load log
+    bucket_costs: BucketCosts | None = None  # CUDA graphs' measured pass times (handlers/cuda_graphs.py); else None
+
+    @property
+    def planner(self) -> PassPlanner:
+        """How a batch becomes passes: by the graphs' measured costs where options left max_batch_tokens at 0 for
+        them (HandlerOptions.for_device), else within the token budget."""
+        multiple, limit = self.options.pad_to_multiple_of, self.token_limit
+        if self.options.max_batch_tokens:
+            return TokenBudget(self.options.max_batch_tokens, multiple, limit)
+        if self.bucket_costs is None:
+            raise ValueError("max_batch_tokens 0 plans by CUDA graphs' measured costs, and this model has no graphs")
+        return CheapestPasses(self.bucket_costs, multiple, limit)
 
 
 def label_names(id2label: Mapping[int, str] | None, num_labels: int) -> list[str]:
@@ -135,8 +148,9 @@ def load_model(
         forward = load_torch_forward(
             model_dir, options, gpu_id, pad_token_id, token_limit, input_names, batch_size, scores, len(tokenizer)
         )
+    graphs = getattr(forward, "graphs", None)
     # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
-    graphs_ignored = options.cuda_graphs and getattr(forward, "graphs", None) is None
+    graphs_ignored = options.cuda_graphs and graphs is None
     if options.fault_marker:
         from handlers.fault_injection import FaultInjectingForward
 
@@ -158,4 +172,5 @@ def load_model(
         model_type=config.model_type,
         backend=backend,
         description=description,
+        bucket_costs=None if graphs is None else graphs.costs,
     )

@@ -37,7 +37,9 @@ class HandlerOptions:
     # one pass for any batch of up to 128 texts: a padded batch runs in parallel and each
     # extra pass costs kernel launches (on the H100, BERT-base at batch 128 did 4,303 texts/s
     # in one pass against 1,821 split at 8,192 tokens; docs/benchmarks.md, "GPU", and
-    # docs/bench-gpu/first-run-one-client-process.md).
+    # docs/bench-gpu/first-run-one-client-process.md). With cuda_graphs, auto plans by cost instead:
+    # no budget, the length-sorted cuts whose captured shapes' measured pass times add up to the least
+    # (handlers/batching.CheapestPasses); a budget set here is kept there too.
     max_batch_tokens: int = 0
     # Pad sequence length up to a multiple of this. 0 = auto: 8 on CUDA (tensor cores),
     # 1 on CPU (where padding is pure extra work).
@@ -66,8 +68,10 @@ class HandlerOptions:
     cuda_memory_fraction: float = 0.0
     # CUDA only, PyTorch archives: replay each forward pass from a CUDA graph captured at load, one per
     # padded shape up to TorchServe's batch_size and max_length (handlers/cuda_graphs.py), instead of
-    # launching its kernels one by one. Off until measured on a GPU through the served benchmark
-    # (docs/benchmarks.md, "GPU"); it costs the capture at every worker start.
+    # launching its kernels one by one, and plan passes by each shape's pass time measured at load
+    # (max_batch_tokens above). Off by default: it costs the capture's time and GPU memory at every worker
+    # start, yours to measure for your checkpoint; the GPU set-up turns it on for the demo (docs/benchmarks.md,
+    # "CUDA graphs").
     cuda_graphs: bool = False
     # Run one forward pass at load time so the first request is not slow.
     warmup: bool = True
@@ -123,12 +127,15 @@ class HandlerOptions:
 
     def for_device(self, device_type: str, backend: str = "pytorch") -> HandlerOptions:
         """These options with every "auto" (0) resolved for a device type ("cpu", "cuda", ...) and a
-        backend ("pytorch" or "onnxruntime", as handlers/loading.py names them)."""
+        backend ("pytorch" or "onnxruntime", as handlers/loading.py names them), but max_batch_tokens
+        under CUDA graphs: 0 there means planned by the graphs' measured costs (LoadedModel.planner)."""
         cuda = device_type == "cuda"
         cpu_tokens = 64 if backend == "onnxruntime" else 256
+        # Left at 0 where CUDA graphs will be captured: their planner (handlers/batching.CheapestPasses) needs none.
+        by_cost = cuda and self.cuda_graphs and backend == "pytorch"
         return replace(
             self,
-            max_batch_tokens=self.max_batch_tokens or (CUDA_BATCH_TOKENS if cuda else cpu_tokens),
+            max_batch_tokens=self.max_batch_tokens or (0 if by_cost else CUDA_BATCH_TOKENS if cuda else cpu_tokens),
             pad_to_multiple_of=self.pad_to_multiple_of or (8 if cuda else 1),
             cpu_threads=self.cpu_threads or usable_cpus(),
         )

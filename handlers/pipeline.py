@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from handlers import rejection
-from handlers.batching import padded_width, plan_micro_batches
 from handlers.deadline import DEADLINE_HEADER, PassPace, read_deadline, refusal, refused_requests
 from handlers.fault_isolation import run_isolating_faults
 from handlers.instances import Instance
@@ -135,10 +134,9 @@ def encode_texts(
 
 
 def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> Plan:
-    """Instances of the whole batch grouped into forward passes within the padded-token budget."""
+    """Instances of the whole batch grouped into forward passes by the model's planner (handlers/batching.py)."""
     keys = list(encodings)
-    lengths = [encodings[k].length for k in keys]
-    groups = plan_micro_batches(lengths, model.options.max_batch_tokens, model.options.pad_to_multiple_of)
+    groups = model.planner.groups([encodings[k].length for k in keys])
     return passes(model, [[keys[position] for position in group] for group in groups], encodings)
 
 
@@ -148,8 +146,8 @@ def passes(
     """The forward passes `groups` make, and the tokens they compute (real, and with padding)."""
     groups = [list(group) for group in groups if group]
     lengths = {key: encodings[key].length for group in groups for key in group}
-    multiple, limit = model.options.pad_to_multiple_of, model.token_limit
-    padded = sum(len(group) * padded_width(max(lengths[k] for k in group), multiple, limit) for group in groups)
+    planner = model.planner
+    padded = sum(planner.computed_tokens(len(group), max(lengths[k] for k in group)) for group in groups)
     return Plan(groups=groups, real_tokens=sum(lengths.values()), padded_tokens=padded)
 
 

@@ -130,7 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sweep-max-batch-tokens",
         type=int_list,
-        help="only measure the in-process handler ceiling at each of these budgets, per backend, and exit",
+        help="only measure the in-process handler ceiling at each of these budgets, per backend, and exit (0: the "
+        "handler's auto, which under CUDA graphs plans by the graphs' measured pass times)",
     )
     args = parser.parse_args(argv)
     if args.quick:

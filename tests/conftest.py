@@ -17,6 +17,24 @@ from tooling.inprocess import load_handler, unpacked_layout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def _split_ports_between_processes() -> None:
+    """Under pytest-xdist (scripts/test.sh runs two processes) each process draws free ports from its own share of
+    the range (tooling/torchserve.PORT_RANGE_VARIABLE), and so do the fleet CLIs and servers it starts, which
+    inherit it: a port one process chose and holds unbound for a while (the fleet's surge slot, chosen at `up`)
+    cannot be drawn by the other. Seen once without it: "the surge replica's ports ... are taken"."""
+    from tooling.torchserve import LOWEST_PORT, PORT_RANGE_VARIABLE, _ephemeral_low
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None or PORT_RANGE_VARIABLE in os.environ:
+        return
+    size = (_ephemeral_low() - LOWEST_PORT) // int(count)
+    low = LOWEST_PORT + int(worker.removeprefix("gw")) * size
+    os.environ[PORT_RANGE_VARIABLE] = f"{low}-{low + size}"
+
+
+_split_ports_between_processes()
+
 # Under CI the fuzz tests draw the same examples every run, so a submission's verdict never rests on
 # the draw; elsewhere each run explores new ones (a failure found there is kept in .hypothesis/).
 settings.register_profile("ci", derandomize=True)

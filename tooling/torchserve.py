@@ -38,6 +38,11 @@ PORT_NAMES = ("inference", "management", "metrics", "grpc_i", "grpc_m")
 # Ports handed out by this process, never handed out twice.
 _HANDED_OUT: set[int] = set()
 LOWEST_PORT = 10_000
+# "LOW-HIGH" (HIGH left out): where free_port draws, in place of LOWEST_PORT up to the ephemeral range. For processes
+# side by side that must not draw the same port: a port is only checked free when drawn, and a caller may hold it
+# unbound a while (the fleet's surge slot, chosen at `up`); the test suite's two processes each get half
+# (tests/conftest.py), which the fleet CLIs and servers they start inherit.
+PORT_RANGE_VARIABLE = "BERT_PORT_RANGE"
 
 
 def _ephemeral_low(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
@@ -48,6 +53,21 @@ def _ephemeral_low(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_ran
         return 32768
 
 
+def port_range() -> tuple[int, int]:
+    """Where free_port draws, [low, high): PORT_RANGE_VARIABLE's where it is set, else LOWEST_PORT up to the
+    kernel's ephemeral range."""
+    value = os.environ.get(PORT_RANGE_VARIABLE, "")
+    if not value:
+        return LOWEST_PORT, _ephemeral_low()
+    try:
+        low, high = (int(bound) for bound in value.split("-"))
+    except ValueError:
+        raise ValueError(f"{PORT_RANGE_VARIABLE}={value!r}: expected LOW-HIGH, e.g. 10000-21000") from None
+    if not 0 < low < high <= 65536:
+        raise ValueError(f"{PORT_RANGE_VARIABLE}={value!r}: expected 0 < LOW < HIGH <= 65536")
+    return low, high
+
+
 def free_port() -> int:
     """A loopback port free now, below the kernel's ephemeral range.
 
@@ -56,13 +76,13 @@ def free_port() -> int:
     fresh-clone run as TorchServe's gRPC "Failed to bind ... Address already in use". Below that
     range only a listener can take it.
     """
-    high = _ephemeral_low()
-    if high <= LOWEST_PORT:  # an unusual kernel configuration: no room below the range
+    low, high = port_range()
+    if high <= low:  # an unusual kernel configuration: no room below the range
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             return sock.getsockname()[1]
     for _ in range(1000):
-        port = random.randrange(LOWEST_PORT, high)
+        port = random.randrange(low, high)
         if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -72,7 +92,7 @@ def free_port() -> int:
                 continue
         _HANDED_OUT.add(port)
         return port
-    raise RuntimeError(f"no free loopback port between {LOWEST_PORT} and {high}")
+    raise RuntimeError(f"no free loopback port between {low} and {high}")
 
 
 # The final line of a traceback a worker printed, e.g. "handlers.loading.ModelLoadFailed: cannot load ...".

@@ -14,8 +14,10 @@ import random
 import numpy as np
 import pytest
 
+from handlers.batching import CheapestPasses, TokenBudget
 from handlers.loading import load_model
 from handlers.options import HandlerOptions
+from handlers.pipeline import plan, run_forward
 from handlers.tokenization import encode
 from tests.answers import candidate_texts
 from tests.support import statuses
@@ -67,6 +69,29 @@ def test_replayed_passes_answer_as_eager_ones_for_every_size_and_fall_back_beyon
     assert graphs({"input_ids": np.zeros((MAX_ROWS + 1, 8), dtype=np.int64)}) is None
 
 
+def test_the_graphs_plan_by_their_measured_costs_and_answer_as_eager_passes_do(eager_and_graphed):
+    """Each bucket's pass is timed at load (handlers/cuda_graphs.GraphedPasses.costs) and the batch is planned by
+    those times (handlers/batching.CheapestPasses): every text of a mixed batch answered as the eager model answers
+    it, through the passes that plan chose."""
+    eager, graphed = eager_and_graphed
+    costs = graphed.bucket_costs
+    assert costs is not None and set(costs.costs) == set(graphed.forward.graphs.buckets)
+    assert all(0 < seconds < 1 for seconds in costs.costs.values()), costs.costs  # a pass's time, not a stall
+    assert isinstance(graphed.planner, CheapestPasses) and isinstance(eager.planner, TokenBudget)
+    assert "measured" in graphed.description, graphed.description
+    rng = random.Random(1)
+    texts = [*rng.sample([t for t, _ in zip(candidate_texts(), range(400))], 40), "long " * 300, "short"]
+    encodings = {(i, 0): e for i, e in enumerate(encode(graphed.encoder, texts))}
+    planned = plan(graphed, encodings)
+    assert sorted(k for group in planned.groups for k in group) == sorted(encodings)
+    assert all(len(group) <= MAX_ROWS for group in planned.groups)
+    predictions, rejected, _ = run_forward(graphed, planned.groups, encodings)
+    assert not rejected and sorted(predictions) == sorted(encodings)
+    expected = eager.forward(list(encodings.values()))
+    for (i, _), prediction in predictions.items():
+        np.testing.assert_allclose(prediction.probabilities, expected[i], atol=ACROSS_PASSES, err_msg=texts[i][:40])
+
+
 def test_a_failing_item_is_bisected_out_through_the_graphs(unpacked_model_dir):
     options = {"dtype": "float32", "cuda_graphs": True, "fault_marker": "poison"}
     handler = load_handler(unpacked_model_dir, options, gpu_id=0)
@@ -95,5 +120,19 @@ def test_a_head_read_through_sigmoid_or_raw_is_replayed_as_eager_reads_it(head, 
     eager = load_model(checkpoint, HandlerOptions(dtype="float32"), 0, batch_size=MAX_ROWS)
     graphed = load_model(checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
     assert graphed.forward.graphs is not None and graphed.scores == eager.scores != "softmax"
+    encodings = encode(eager.encoder, [t for t, _ in zip(candidate_texts(), range(12))])
+    np.testing.assert_allclose(graphed.forward(encodings), eager.forward(encodings), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("family", ["distilbert", "roberta"])
+def test_other_families_capture_time_and_replay_their_passes(family, tmp_path):
+    """DistilBERT takes no token types and RoBERTa embeds one: capture and the timing of each shape feed them
+    only ids they embed (a token type 1 on RoBERTa would be a device-side assert, ending the process)."""
+    from tooling.checkpoints import build_random_family_classifier
+
+    checkpoint = build_random_family_classifier(tmp_path / family, family)
+    eager = load_model(checkpoint, HandlerOptions(dtype="float32"), 0, batch_size=MAX_ROWS)
+    graphed = load_model(checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
+    assert graphed.bucket_costs is not None and graphed.model_type == family
     encodings = encode(eager.encoder, [t for t, _ in zip(candidate_texts(), range(12))])
     np.testing.assert_allclose(graphed.forward(encodings), eager.forward(encodings), atol=TOLERANCE)

@@ -3,29 +3,38 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from handlers.loading import load_model
 from handlers.options import HandlerOptions
+from handlers.pipeline import answer_batch
+from handlers.responses import ModelIdentity
 from tooling.bench import answers, served
 from tooling.bench.backends import BACKENDS, PreparedBackend
 from tooling.bench.ceilings import plan_statistics
-from tooling.onnx_export import WEIGHT_FILES
 
 TEXTS = ["the room was clean", "rude staff at the desk and a cold breakfast", "fine", "a quiet hotel " * 40]
 
 
-def test_the_planning_statistics_read_the_tokenizer_alone(tiny_checkpoint, tmp_path):
-    """A checkpoint folder without its weights gives the plan the whole checkpoint gives: the weights are never
-    loaded (on a GPU run they were loaded on the GPU for each backend and budget, only for the tokenizer)."""
-    tokenizer_only = tmp_path / "tokenizer-only"
-    shutil.copytree(tiny_checkpoint, tokenizer_only, ignore=shutil.ignore_patterns(*WEIGHT_FILES))
-    assert not any((tokenizer_only / name).exists() for name in WEIGHT_FILES)
-    for budget in (256, 10**9):
-        options = HandlerOptions(max_batch_tokens=budget).for_device("cpu")
-        whole = plan_statistics(tiny_checkpoint, TEXTS * 3, 4, options)
-        assert plan_statistics(tokenizer_only, TEXTS * 3, 4, options) == whole
-        assert whole["padding_waste"] >= 1.0 and whole["forward_passes_per_batch"] >= 1.0
+def test_the_planning_statistics_are_what_the_handlers_own_batches_report(tiny_checkpoint):
+    """The benchmark's padded/real and passes per batch are read from the served model's own plan
+    (handlers/pipeline.plan, its planner included), on the model already loaded: the same figures the handler's
+    batches report to its metrics, for a budget that cuts batches and one that does not."""
+    batches = [TEXTS[i:] + TEXTS[:i] for i in range(3)]
+    for budget in (64, 10**9):
+        model = load_model(tiny_checkpoint, HandlerOptions(max_batch_tokens=budget), None)
+        headers = [{"content-type": "text/plain"}] * 4
+        outcomes = [
+            answer_batch([{"body": t.encode()} for t in b], headers, model, ModelIdentity("t")) for b in batches
+        ]
+        assert all(answer.status == 200 for outcome in outcomes for answer in outcome.answers)
+        padded, real = sum(o.padded_tokens for o in outcomes), sum(o.real_tokens for o in outcomes)
+        passes = sum(o.forward_passes for o in outcomes)
+        assert plan_statistics(model, [t for batch in batches for t in batch], 4) == {
+            "padding_waste": padded / real,
+            "forward_passes_per_batch": passes / len(batches),
+        }
+        assert (passes > len(batches)) == (budget == 64)
 
 
 def test_backends_that_serve_one_checkpoint_share_one_reference(tiny_checkpoint, monkeypatch):

@@ -7,7 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.cuda_graphs import Bucket, bucket_ladder, pad_into, smallest_bucket
+from handlers.batching import Bucket, BucketCosts
+from handlers.cuda_graphs import bucket_ladder, pad_into
 from handlers.tokenization import Encoding, collate
 
 
@@ -25,11 +26,16 @@ def test_maxima_off_the_ladder_are_buckets_themselves():
     assert bucket_ladder(1, 8) == [Bucket(1, 8)]
 
 
+def by_tokens(ladder: list[Bucket]) -> BucketCosts:
+    """Costs as a GPU measures them when padding is what a pass pays for: a fixed part, and each token."""
+    return BucketCosts({b: 1e-3 + 1e-6 * b.rows * b.width for b in ladder})
+
+
 @settings(deadline=None)  # no time limit per example: CI's machine is shared; what is checked is the buckets
 @given(st.integers(1, 160), st.integers(1, 300), st.integers(1, 128), st.integers(8, 256))
 def test_every_pass_within_the_maxima_gets_the_tightest_bucket_and_no_other_does(rows, width, max_rows, max_width):
     ladder = bucket_ladder(max_rows, max_width)
-    chosen = smallest_bucket(ladder, rows, width)
+    chosen = by_tokens(ladder).holding(rows, width)
     if rows > max_rows or width > max_width:
         assert chosen is None
         return
@@ -38,6 +44,16 @@ def test_every_pass_within_the_maxima_gets_the_tightest_bucket_and_no_other_does
     # The ladder's steps bound the padding: rows at most doubled, width at most doubled (1.5x above 32).
     assert chosen.rows < 2 * rows or chosen.rows == 1
     assert chosen.width <= max(16, 2 * width)
+
+
+def test_a_pass_goes_to_the_bucket_measured_cheapest_even_when_it_holds_more_tokens():
+    """What the GPU measured decides, not the token count: a wider bucket that ran faster (tensor cores, or a
+    kernel better suited to it) is the one replayed and the one plans count."""
+    costs = {Bucket(4, 32): 2.0, Bucket(4, 64): 1.0, Bucket(8, 64): 3.0, Bucket(1, 32): 0.5}
+    assert BucketCosts(costs).holding(3, 20) == Bucket(4, 64)
+    assert BucketCosts(costs).holding(1, 20) == Bucket(1, 32)
+    assert BucketCosts(costs).holding(5, 20) == Bucket(8, 64)
+    assert BucketCosts(costs).holding(9, 20) is None and BucketCosts(costs).holding(1, 65) is None
 
 
 def test_a_pass_is_padded_into_its_bucket_as_masked_columns_and_lone_token_rows():

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 
+import pytest
+
 from tooling import torchserve
-from tooling.torchserve import LOWEST_PORT, _ephemeral_low, free_port
+from tooling.torchserve import LOWEST_PORT, PORT_RANGE_VARIABLE, _ephemeral_low, free_port
 
 
-def test_ports_are_below_the_ephemeral_range_distinct_and_bindable():
+def test_ports_are_below_the_ephemeral_range_distinct_and_bindable(monkeypatch):
+    monkeypatch.delenv(PORT_RANGE_VARIABLE, raising=False)  # set for the suite's own processes: tests/conftest.py
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == len(ports)
     assert all(LOWEST_PORT <= port < _ephemeral_low() for port in ports)
@@ -27,6 +31,7 @@ def test_a_port_already_listened_on_is_never_handed_out(monkeypatch):
         monkeypatch.setattr(torchserve.random, "randrange", lambda low, high: next(candidates))
         monkeypatch.setattr(torchserve, "_ephemeral_low", lambda: 65536)
         monkeypatch.setattr(torchserve, "LOWEST_PORT", 1)
+        monkeypatch.delenv(PORT_RANGE_VARIABLE, raising=False)
         assert free_port() != busy
 
 
@@ -35,3 +40,25 @@ def test_the_ephemeral_range_is_read_from_the_kernel(tmp_path):
     range_file.write_text("40000\t60999\n")
     assert _ephemeral_low(range_file) == 40000
     assert _ephemeral_low(tmp_path / "absent") == 32768
+
+
+def test_a_range_set_in_the_environment_is_the_only_one_drawn_from(monkeypatch):
+    """What keeps processes side by side (the suite's two: tests/conftest.py) from drawing each other's ports."""
+    monkeypatch.setenv(PORT_RANGE_VARIABLE, "20000-20100")
+    ports = [free_port() for _ in range(30)]
+    assert all(20_000 <= port < 20_100 for port in ports) and len(set(ports)) == 30
+    for wrong in ("20000", "20100-20000", "a-b", "0-10"):
+        monkeypatch.setenv(PORT_RANGE_VARIABLE, wrong)
+        with pytest.raises(ValueError, match=PORT_RANGE_VARIABLE):
+            free_port()
+
+
+def test_the_suites_processes_draw_from_halves_that_do_not_meet():
+    """Under scripts/test.sh each process has its share of the range, and none overlaps another's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        pytest.skip("one process (pytest without -n): nothing to share")
+    low, high = torchserve.port_range()
+    count, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
+    size = (_ephemeral_low() - LOWEST_PORT) // count
+    assert (low, high) == (LOWEST_PORT + index * size, LOWEST_PORT + (index + 1) * size)

@@ -261,15 +261,16 @@ def test_goodput_counts_the_requests_scheduled_in_the_window_not_the_queue_answe
 
 
 def test_a_stalled_generator_hides_no_latency_its_timeouts_and_deadlines_run_from_the_schedule(monkeypatch):
-    # The generator's event loop blocks for 0.3 s on its first request (as a busy load generator would): the
-    # requests scheduled meanwhile go out late, or not at all once their timeout (0.2 s) has passed. The server
-    # answers each after 80 ms.
+    # The generator's event loop blocks for 0.6 s on its first request (as a busy load generator would): the
+    # requests scheduled meanwhile go out late, or not at all once their timeout (0.4 s) has passed. The server
+    # answers each after 160 ms. Every margin below is 50-60 ms: room for a CPU shared with the suite's other
+    # process (scripts/test.sh runs two), where 80 ms answers once came 25 ms late.
     original, stalled = Pool.post, []
 
     async def stalling_post(self, body: bytes, headers: bytes = b""):
         if not stalled:
             stalled.append(True)
-            time.sleep(0.3)
+            time.sleep(0.6)
         return await original(self, body, headers)
 
     monkeypatch.setattr(Pool, "post", stalling_post)
@@ -277,31 +278,31 @@ def test_a_stalled_generator_hides_no_latency_its_timeouts_and_deadlines_run_fro
 
     def record(n: int, body: str, request: web.Request):
         deadlines[int(body)] = int(request.headers["X-Request-Deadline"])
-        return asyncio.sleep(0.08, web.json_response({}))
+        return asyncio.sleep(0.16, web.json_response({}))
 
     payloads = [(str(i).encode(), {}) for i in range(40)]
     with serving(record) as (url, _):
-        result = open_loop_payloads(url, {"Content-Type": "text/plain"}, payloads, rate=100, seconds=0.4,
-                                    timeout_s=0.2, deadline=True)  # fmt: skip
+        result = open_loop_payloads(url, {"Content-Type": "text/plain"}, payloads, rate=50, seconds=0.8,
+                                    timeout_s=0.4, deadline=True)  # fmt: skip
     summary = result.summary()
     by_index = {o.index: o for o in result.outcomes}
-    # Request i was scheduled at 10 i ms and the loop came back at about 300 ms. Those sent 200 ms late or more were
-    # past their timeout: never sent. Those sent 140-180 ms late were sent, and given up 200 ms after their
-    # scheduled time, before their answer (80 ms after the send). Those sent 60-90 ms late were answered.
+    # Request i was scheduled at 20 i ms and the loop came back at about 600 ms. Those sent 400 ms late or more were
+    # past their timeout: never sent. Those sent 280-360 ms late were sent, and given up 400 ms after their
+    # scheduled time, before their answer (160 ms after the send). Those sent 120-180 ms late were answered.
     assert all(by_index[i].status == 0 and not by_index[i].sent for i in range(1, 8)), by_index
     assert not set(range(1, 8)) & set(deadlines)
     assert all(by_index[i].status == 0 for i in range(13, 17)) and {13, 14, 15, 16} <= set(deadlines)
     late = [by_index[i] for i in range(21, 25)]
-    assert all(o.status == 200 and o.lag > 0.05 for o in late), late
-    # Latency runs from the scheduled time: never less than the lag, and the answered ones' lag plus the 80 ms.
+    assert all(o.status == 200 and o.lag > 0.1 for o in late), late
+    # Latency runs from the scheduled time: never less than the lag, and the answered ones' lag plus the 160 ms.
     assert all(o.seconds >= o.lag for o in result.outcomes)
-    assert all(o.seconds >= o.lag + 0.075 for o in late) and max(o.seconds for o in late) > 0.13
-    # The deadline is the scheduled time plus the timeout: 10 ms apart whatever the send time.
+    assert all(o.seconds >= o.lag + 0.15 for o in late) and max(o.seconds for o in late) > 0.26
+    # The deadline is the scheduled time plus the timeout: 20 ms apart whatever the send time.
     for i in range(13, 40):
-        assert abs((deadlines[i] - deadlines[39]) - 10 * (i - 39)) <= 1, (i, deadlines)
+        assert abs((deadlines[i] - deadlines[39]) - 20 * (i - 39)) <= 1, (i, deadlines)
     # The lag is reported, and the cell flagged: a p99 lag of a tenth of the timeout or more.
-    assert summary["send_lag_max_ms"] >= 250 and summary["send_lag_p99_ms"] >= 20 and summary["send_lag_unreliable"]
-    assert summary["gave_up"] >= 12 and summary["sent_rps"] < summary["offered_rps"] == pytest.approx(100)
+    assert summary["send_lag_max_ms"] >= 500 and summary["send_lag_p99_ms"] >= 40 and summary["send_lag_unreliable"]
+    assert summary["gave_up"] >= 12 and summary["sent_rps"] < summary["offered_rps"] == pytest.approx(50)
 
 
 def _outcome(i: int, status: int, seconds: float, refusal: str = "", lag: float = 0.001) -> Outcome:

@@ -151,6 +151,12 @@ def test_the_token_budget_defaults_per_backend_and_device():
     assert options.for_device("cpu", "onnxruntime").max_batch_tokens == 64  # measured best for ONNX Runtime
     assert options.for_device("cuda", "onnxruntime").max_batch_tokens == CUDA_BATCH_TOKENS
     assert HandlerOptions(max_batch_tokens=300).for_device("cpu", "onnxruntime").max_batch_tokens == 300
+    # Under CUDA graphs (PyTorch on a GPU), auto stays 0: planned by the graphs' measured costs (LoadedModel.planner).
+    graphs = HandlerOptions(cuda_graphs=True)
+    assert graphs.for_device("cuda").max_batch_tokens == 0
+    assert graphs.for_device("cuda", "onnxruntime").max_batch_tokens == CUDA_BATCH_TOKENS  # no graphs for ONNX
+    assert graphs.for_device("cpu").max_batch_tokens == 256  # nor on a CPU
+    assert HandlerOptions(cuda_graphs=True, max_batch_tokens=8192).for_device("cuda").max_batch_tokens == 8192
 
 
 def test_an_onnx_graph_without_token_types_refuses_a_pass_that_holds_a_pair():

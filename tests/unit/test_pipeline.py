@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from handlers.batching import Bucket, BucketCosts
 from handlers.deadline import PassPace
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
@@ -230,6 +231,29 @@ def test_the_outcome_reports_the_plan_that_ran():
     assert outcome.padded_tokens == sum(len(p) * max(len(row) for row in p) for p in forward.passes)
     assert outcome.forward_passes == len(forward.passes)
     assert set(outcome.stage_ms) == {"validation", "tokenization", "forward", "response"}
+
+
+def test_with_measured_bucket_costs_the_passes_are_the_cheapest_plan_and_counted_at_their_buckets_size():
+    """CUDA graphs' planning (max_batch_tokens 0 with measured costs: handlers/batching.CheapestPasses) through the
+    pipeline: the passes are the ones the costs make cheapest, each answer is its text's own, in order, and the
+    metrics count what the buckets compute. Here a pass of 4 rows costs as much as 2 passes of 1: shorts together."""
+    costs = BucketCosts({Bucket(1, 4): 1.0, Bucket(4, 4): 2.0, Bucket(1, 8): 1.2, Bucket(4, 8): 4.0})
+    model, forward = make_model(max_batch_tokens=0)
+    model = replace(model, bucket_costs=costs)
+    texts = ["a long text of six words", "short", "two words", "a text of five words", "one"]
+    outcome = run(model, *(text(t) for t in texts))
+    assert [len(p) for p in forward.passes] == [3, 1, 1]  # the three short ones share a 4 x 4 pass
+    assert {len(row) for row in forward.passes[0]} <= {3, 4}
+    assert [a.status for a in outcome.answers] == [200] * len(texts)
+    for answer, sent in zip(outcome.answers, texts):
+        assert scores(answer) == pytest.approx(forward.alone(sent, model.max_length))
+    assert outcome.padded_tokens == 4 * 4 + 1 * 8 + 1 * 8
+
+
+def test_without_measured_costs_a_budget_of_0_is_refused_rather_than_guessed():
+    model, _ = make_model(max_batch_tokens=0)
+    with pytest.raises(ValueError, match="measured costs"):
+        model.planner  # noqa: B018 - the property is what is tested
 
 
 def test_a_failing_tokenizer_answers_500_and_keeps_earlier_answers():

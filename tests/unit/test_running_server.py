@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import requests
 
 from tooling.paths import REPO, SERVER_CONFIG
-from tooling.torchserve import RunningServer, key_expiry, running_torchserve
+from tooling.torchserve import TORCHSERVE_MAIN, RunningServer, key_expiry, running_torchserve
 
 
 def write_server(folder: Path, properties: dict[str, str], keys: dict | None) -> tuple[Path, Path]:
@@ -105,7 +106,13 @@ def fake_torchserve(tmpdir: Path) -> subprocess.Popen:
     """A process with what running_torchserve reads of a TorchServe frontend's command line: its main class and its
     Java temp dir (TorchServe's launcher passes TEMP)."""
     command = ["import time; time.sleep(60)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
-    return subprocess.Popen([sys.executable, "-c", *command])
+    process = subprocess.Popen([sys.executable, "-c", *command])
+    # Until it has exec'd, the child's command line is still this test process's (seen on a loaded machine, with
+    # the suite's workers side by side): wait for its own, as a TorchServe has it before it writes its pid file.
+    deadline = time.monotonic() + 10
+    while TORCHSERVE_MAIN not in psutil.Process(process.pid).cmdline() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process
 
 
 @pytest.fixture

@@ -128,23 +128,30 @@ def second_pass(texts: int, times: Sequence[float]) -> dict:
     return {"second_pass_texts_per_s": texts / sum(times), "second_pass_p50_ms_per_batch": percentile_ms(times, 50)}
 
 
-def plan_statistics(model_dir: Path, texts: Sequence[str], batch_size: int, options: HandlerOptions) -> dict:
-    """Padding waste and passes of the plan the handler makes, from the handler's own planning functions.
-    Only the tokenizer is loaded (handlers/loading.load_tokenizer: the handler's encoder and token limit): the plan
-    depends on token counts alone, and a model's weights, on a GPU worker's device, would be loaded for nothing."""
-    from handlers.batching import padded_tokens, plan_micro_batches
+def plan_statistics(model: LoadedModel, texts: Sequence[str], batch_size: int) -> dict:
+    """Padding waste and passes of the plan the handler makes for these batches: the served model's own planning
+    (handlers/pipeline.plan, with its planner: by measured cost under CUDA graphs), so the figures are what its
+    metrics report, not a copy of its rules. Called on a model already loaded: nothing more is loaded for it."""
+    from handlers.pipeline import plan
     from handlers.tokenization import encode
 
-    tokens = load_tokenizer(model_dir, options)
     real = padded = passes = batches = 0
     for i in range(0, len(texts), batch_size):
-        lengths = [e.length for e in encode(tokens.encoder, list(texts[i : i + batch_size]))]
-        groups = plan_micro_batches(lengths, options.max_batch_tokens, options.pad_to_multiple_of)
-        passes += len(groups)
+        encodings = encode(model.encoder, list(texts[i : i + batch_size]))
+        planned = plan(model, {(position, 0): e for position, e in enumerate(encodings)})
+        passes += len(planned.groups)
         batches += 1
-        real += sum(lengths)
-        padded += padded_tokens(lengths, groups, options.pad_to_multiple_of, tokens.token_limit)
+        real += planned.real_tokens
+        padded += planned.padded_tokens
     return {"padding_waste": padded / real, "forward_passes_per_batch": passes / batches}
+
+
+def planning_of(max_batch_tokens: int) -> str:
+    """What a resolved budget plans: one pass per batch, length-sorted cuts within it, or by measured cost
+    (0: CUDA graphs, handlers/options.HandlerOptions.for_device)."""
+    if max_batch_tokens == 0:
+        return "measured_cost"
+    return "pad_to_longest" if max_batch_tokens >= UNLIMITED_TOKENS else "length_aware"
 
 
 def handler_ceiling(
@@ -161,18 +168,20 @@ def handler_ceiling(
         for batch in batches[: max(1, WARM_UP_TEXTS // batch_size)]:  # warm-up
             run(batch)
         first, second = (timed_pass(run, batches, device) for _ in range(2))
-        del run, handler
+        served: LoadedModel = handler.served
+        statistics = plan_statistics(served, texts, batch_size)
+        del run, handler, served
     gc.collect()
-    options = prepared.options(handler_options, device)
+    budget = prepared.options(handler_options, device).max_batch_tokens
     return {
         "kind": "handler",
         "device": device,
         "batch_size": batch_size,
-        "max_batch_tokens": options.max_batch_tokens,
-        "planning": "pad_to_longest" if options.max_batch_tokens >= UNLIMITED_TOKENS else "length_aware",
+        "max_batch_tokens": budget,
+        "planning": planning_of(budget),
         "texts_per_s": len(texts) / sum(first),
         **second_pass(len(texts), second),
-        **plan_statistics(prepared.model_dir, texts, batch_size, options),
+        **statistics,
     }
 
 
