@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # README command 2: set up if needed, then run the whole test suite. Extra arguments go to pytest.
 # Its files are shared out between two processes (pytest-xdist): most of the suite's time is spent waiting on
-# servers, so two take about two thirds of one's time on CI's two cores (docs/development.md, "Tests").
-# In collection order (--no-loadscope-reorder), not xdist's most-tests-first: the slow end-to-end files, few tests
-# each, start first and the many short unit files fill in at the end. `scripts/test.sh -n 0` runs it in one.
+# servers, so two take about two thirds of one's time on CI's two cores (docs/development.md, "Tests");
+# `scripts/test.sh -n 0` runs it in one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile "$@"
