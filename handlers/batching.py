@@ -28,11 +28,6 @@ def padded_width(longest: int, multiple: int, limit: int) -> int:
     return min(padded_length(longest, multiple), max(limit, longest))
 
 
-def padded_tokens(lengths: Sequence[int], groups: Sequence[Sequence[int]], multiple: int, limit: int) -> int:
-    """Tokens a plan actually computes, padding included (compare with sum(lengths))."""
-    return sum(len(group) * padded_width(max(lengths[p] for p in group), multiple, limit) for group in groups)
-
-
 def plan_micro_batches(lengths: Sequence[int], max_batch_tokens: int, multiple: int = 1) -> list[list[int]]:
     """Group item positions into forward passes whose padded size fits the budget.
 
@@ -132,10 +127,6 @@ class BucketCosts:
         if r == len(self.row_sizes) or w == len(self.widths):
             return None
         return self.cheapest[r][w]
-
-    def cost(self, rows: int, width: int) -> float:
-        bucket = self.holding(rows, width)
-        return math.inf if bucket is None else self.costs[bucket]
 
     @property
     def description(self) -> str:

@@ -5,8 +5,8 @@ H100 the eager pass of one text took 21.9 ms in the handler, and BERT-base at ba
 texts/s eager against 26,436 when each shape's kernels were replayed from a graph (docs/benchmarks.md,
 "GPU"; ../shared/notes/gpu-facts.md). A graph's shapes are fixed, so each pass is padded up to the
 captured shape (a bucket: rows x width) that holds it at the least cost (each bucket's pass is timed once
-captured: handlers/batching.BucketCosts, which also plans the passes): the extra columns are masked and the
-extra rows are answered and dropped. A BERT row never attends to another row, so neither changes the
+captured: handlers/batching.BucketCosts; plan_by_cost plans the passes by those times): the extra columns
+are masked and the extra rows are answered and dropped. A BERT row never attends to another row, so neither changes the
 real rows' answers (tests/inprocess/test_cuda_graph_padding.py checks that on the CPU, and the gpu tests
 through the graphs themselves).
 

@@ -104,8 +104,9 @@ echo "==> demo model"
 # CPU, docs/benchmarks.md) with one thread per worker, as serve.sh starts one worker per core; on a GPU
 # host PyTorch, float16 on CUDA (ONNX Runtime here has no CUDA provider, and a worker refuses to run an
 # ONNX archive on the CPU when TorchServe gave it a GPU), each pass replayed from a CUDA graph (faster below
-# saturation, measured in docs/benchmarks.md, "CUDA graphs, measured on an H200"). Rebuilt when the model, the handler code, its options, the export, the
-# device or these archive options changed (the stamp holds the last two).
+# saturation, measured in docs/benchmarks.md, "CUDA graphs, measured on an H200"). Rebuilt when the model,
+# the handler code, its options, the export, the device or these archive options changed (the stamp holds
+# the last two).
 if [ "$DEVICE" = gpu ]; then
   archive=(--backend pytorch --handler-option cuda_graphs=true) described="PyTorch, float16 on the GPU, CUDA graphs"
 else

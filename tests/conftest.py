@@ -23,14 +23,14 @@ def _split_ports_between_processes() -> None:
     the range (tooling/torchserve.PORT_RANGE_VARIABLE), and so do the fleet CLIs and servers it starts, which
     inherit it: a port one process chose and holds unbound for a while (the fleet's surge slot, chosen at `up`)
     cannot be drawn by the other. Seen once without it: "the surge replica's ports ... are taken"."""
-    from tooling.torchserve import LOWEST_PORT, PORT_RANGE_VARIABLE, _ephemeral_low
+    from tests.support import port_share
+    from tooling.torchserve import PORT_RANGE_VARIABLE
 
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker is None or count is None or PORT_RANGE_VARIABLE in os.environ:
         return
-    size = (_ephemeral_low() - LOWEST_PORT) // int(count)
-    low = LOWEST_PORT + int(worker.removeprefix("gw")) * size
-    os.environ[PORT_RANGE_VARIABLE] = f"{low}-{low + size}"
+    low, high = port_share(int(worker.removeprefix("gw")), int(count))
+    os.environ[PORT_RANGE_VARIABLE] = f"{low}-{high}"
 
 
 _split_ports_between_processes()

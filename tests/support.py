@@ -21,6 +21,15 @@ JSON = "application/json"
 SHARED_MODEL = "tiny-shared"
 
 
+def port_share(index: int, count: int) -> tuple[int, int]:
+    """[low, high): the part of free_port's whole range (tooling/torchserve.py) that process `index` of `count`
+    side by side draws from (tests/conftest.py sets it for pytest-xdist's processes)."""
+    from tooling.torchserve import LOWEST_PORT, _ephemeral_low
+
+    size = (_ephemeral_low() - LOWEST_PORT) // count
+    return LOWEST_PORT + index * size, LOWEST_PORT + (index + 1) * size
+
+
 def umask_of(pid: int) -> str:
     """A running process's umask as Linux reports it ("0077"): what every file it creates is masked with."""
     status = Path(f"/proc/{pid}/status").read_text()

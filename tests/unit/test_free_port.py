@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from tests.support import port_share
 from tooling import torchserve
 from tooling.torchserve import LOWEST_PORT, PORT_RANGE_VARIABLE, _ephemeral_low, free_port
 
@@ -54,11 +55,10 @@ def test_a_range_set_in_the_environment_is_the_only_one_drawn_from(monkeypatch):
 
 
 def test_the_suites_processes_draw_from_halves_that_do_not_meet():
-    """Under scripts/test.sh each process has its share of the range, and none overlaps another's."""
+    """Under scripts/test.sh each process draws from its own share of the range: tests/support.port_share's
+    slice for its index, one of `count` equal, consecutive slices."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         pytest.skip("one process (pytest without -n): nothing to share")
-    low, high = torchserve.port_range()
     count, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
-    size = (_ephemeral_low() - LOWEST_PORT) // count
-    assert (low, high) == (LOWEST_PORT + index * size, LOWEST_PORT + (index + 1) * size)
+    assert torchserve.port_range() == port_share(index, count)

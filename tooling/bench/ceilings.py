@@ -170,9 +170,9 @@ def handler_ceiling(
         first, second = (timed_pass(run, batches, device) for _ in range(2))
         served: LoadedModel = handler.served
         statistics = plan_statistics(served, texts, batch_size)
+        budget = served.options.max_batch_tokens  # as the handler resolved it for the device and backend
         del run, handler, served
     gc.collect()
-    budget = prepared.options(handler_options, device).max_batch_tokens
     return {
         "kind": "handler",
         "device": device,
