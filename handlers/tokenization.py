@@ -12,6 +12,7 @@ import numpy as np
 from handlers.ascii_normalization import AsciiShortcut, ascii_shortcut
 from handlers.batching import padded_width
 from handlers.instances import Instance, TextPair
+from handlers.word_pieces import WordPieces, word_pieces
 
 # Models whose position ids start after the padding index, so two positions are unusable.
 _OFFSET_POSITION_MODELS = {"roberta", "xlm-roberta", "camembert", "longformer"}
@@ -48,6 +49,8 @@ class TextEncoder:
     and never pad, or None where the tokenizer has none (a Python tokenizer). `features`: the ids the model
     takes besides the mask: input_ids, and token_type_ids where the tokenizer's model_input_names has them.
     `ascii`: for a BERT normalizer, the ASCII texts' shortcut past it (handlers/ascii_normalization.py).
+    `words`: for BERT's pre-tokenizer and WordPiece, single texts so normalized tokenized word by word, each
+    word's pieces remembered (handlers/word_pieces.py).
     """
 
     tokenizer: Any
@@ -55,6 +58,7 @@ class TextEncoder:
     fast: Any = None
     features: tuple[str, ...] = ("input_ids",)
     ascii: AsciiShortcut | None = None
+    words: WordPieces | None = None
 
 
 def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
@@ -74,7 +78,8 @@ def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     # The side the checkpoint cuts from, as the wrapper passes it: a tokenizer saved with truncation_side="left"
     # keeps a long text's end, and enable_truncation's default would keep its beginning instead.
     fast.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right"))
-    return TextEncoder(tokenizer, max_length, fast, features, ascii_shortcut(fast))
+    ascii = ascii_shortcut(fast)
+    return TextEncoder(tokenizer, max_length, fast, features, ascii, word_pieces(fast, max_length) if ascii else None)
 
 
 def size_tokenizer_pool(threads: int) -> None:
@@ -97,11 +102,12 @@ def encode(encoder: TextEncoder, texts: Sequence[Instance]) -> list[Encoding]:
     BERT) and cut longest first, as transformers' pipeline does with `truncation=True`.
     With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`: nothing here
     uses them, and they cost about a fifth of the call), a text cut at the cap being one that left tokens
-    over. For a BERT tokenizer, the ASCII texts are normalized here and go through a copy without its
-    normalizer, in a call of their own (handlers/ascii_normalization.py); the others through the whole
+    over. For a BERT tokenizer, the ASCII texts are normalized here; a single one is then split into words and
+    each word's WordPiece ids looked up (handlers/word_pieces.py), a pair goes through a copy without the
+    normalizer, in a call of its own (handlers/ascii_normalization.py); the others through the whole
     tokenizer. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
-    test_tokenization.py), at 1.7 to 2.1 times its speed, which matters on a GPU where tokenizing a
-    batch costs about as long as its forward pass (docs/benchmarks.md, "Tokenization").
+    test_tokenization.py), at 2.6 to 8 times its speed on the benchmark's texts, which matters on a GPU where
+    tokenizing a batch costs about as long as its forward pass (docs/benchmarks.md, "Tokenization").
     """
     if not texts:
         return []
@@ -111,9 +117,13 @@ def encode(encoder: TextEncoder, texts: Sequence[Instance]) -> list[Encoding]:
     if encoder.ascii is None:
         return _encodings(encoder.fast.encode_batch_fast(inputs), encoder.features)
     normalized = [_normalized(encoder.ascii, item) for item in inputs]
-    short = [i for i, item in enumerate(normalized) if item is not None]
-    whole = [i for i, item in enumerate(normalized) if item is None]
     by_index: dict[int, Encoding] = {}
+    if encoder.words is not None:
+        for i, item in enumerate(normalized):
+            if isinstance(item, str):
+                by_index[i] = _word_encoding(*encoder.words.encode(item), encoder.features)
+    short = [i for i, item in enumerate(normalized) if item is not None and i not in by_index]
+    whole = [i for i, item in enumerate(normalized) if item is None]
     if short:
         encoded = encoder.ascii.tokenizer.encode_batch_fast([normalized[i] for i in short])
         by_index.update(zip(short, _encodings(encoded, encoder.features)))
@@ -136,6 +146,13 @@ def _encodings(encoded: Sequence[Any], features: tuple[str, ...]) -> list[Encodi
     if features == ("input_ids", "token_type_ids"):
         return [Encoding({"input_ids": e.ids, "token_type_ids": e.type_ids}, bool(e.overflowing)) for e in encoded]
     return [Encoding({"input_ids": e.ids}, bool(e.overflowing)) for e in encoded]
+
+
+def _word_encoding(ids: list[int], cut: bool, features: tuple[str, ...]) -> Encoding:
+    """A single text's encoding from its word-by-word ids: its token types all 0, as the Rust call gives them."""
+    if features == ("input_ids", "token_type_ids"):
+        return Encoding({"input_ids": ids, "token_type_ids": [0] * len(ids)}, cut)
+    return Encoding({"input_ids": ids}, cut)
 
 
 def _encode_through_the_tokenizer(tokenizer: Any, texts: Sequence[Instance], max_length: int) -> list[Encoding]:

@@ -6,7 +6,7 @@
     python -m scripts.benchmark --model bert-base    # BERT-base-sized model (random weights, real cost)
     python -m scripts.benchmark --quick              # about a minute, checks the pipeline end to end
     python -m scripts.benchmark --worst-batch        # one full batch at the token cap per backend, and exit
-    python -m scripts.benchmark --tokenization       # the handler's tokenization against the wrapper's call
+    python -m scripts.benchmark --tokenization       # the handler's tokenization against the ways before it
     python -m scripts.benchmark --frame-reading      # a worker reading its batches: TorchServe's reader, buffered
     python -m scripts.benchmark --sweep-max-batch-tokens 1000000000,512,256,128 --backends onnx-fp32
     python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \
@@ -45,7 +45,13 @@ import yaml
 from handlers.options import HandlerOptions
 from tooling.archiving import add_handler_option_argument
 from tooling.bench.backends import BACKENDS, parse_backends, parse_backends_or_none, prepare_backends
-from tooling.bench.ceilings import ceilings, sweep_max_batch_tokens, tokenization_speed, worst_batch_seconds
+from tooling.bench.ceilings import (
+    TOKENIZATION_WAYS,
+    ceilings,
+    sweep_max_batch_tokens,
+    tokenization_speed,
+    worst_batch_seconds,
+)
 from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
 from tooling.bench.frames import reading_speed
@@ -118,8 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenization",
         action="store_true",
-        help="only time the handler's tokenization against the Hugging Face wrapper's call at batch 1, 8 and "
-        "--batch-size, on the corpus, and exit",
+        help="only time the handler's tokenization against the ways before it at batch 1, 8 and --batch-size, on "
+        "the corpus and on the corpus with every word new, and exit",
     )
     parser.add_argument(
         "--frame-reading",
@@ -207,15 +213,16 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
     checkpoint = resolve_model(args.model, workdir)
     if args.tokenization:  # the tokenizer alone: no backend to prepare
         texts = build_corpus(args.texts)
-        print("| batch | handler, µs/text | Rust call, its own normalizer, µs/text | wrapper's call (two passes), "
-              "µs/text | handler's speed-up over each |")  # fmt: skip
-        print("|---:|---:|---:|---:|---|")
+        print("| texts | batch | handler, µs/text | from an empty cache | from a full cache of other words | Rust "
+              "batch call, BERT's normalizer skipped (before) | Rust call, its own normalizer | wrapper's call (two "
+              "passes) | speed-up over the Rust batch call (handler, empty, full) |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
         sizes = sorted({1, 8, args.batch_size})
         for row in tokenization_speed(checkpoint, texts, sizes, HandlerOptions.from_mapping(options)):
-            times = [row[f"{way}_us_per_text"] for way in ("handler", "rust_whole_tokenizer", "wrapper_two_passes")]
-            ratios = [row["speed_up_over_whole_tokenizer"], row["speed_up_over_wrapper"]]
+            times = [row[f"{way}_us_per_text"] for way in TOKENIZATION_WAYS]
+            ratios = [row[f"{way}_speed_up_over_rust_batch_call"] for way in TOKENIZATION_WAYS[:3]]
             cells = [f"{t:.1f}" for t in times] + [", ".join(f"{r:.2f}x" for r in ratios)]
-            print(f"| {row['batch_size']} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {row['corpus']} | {row['batch_size']} | " + " | ".join(cells) + " |", flush=True)
         return 0
     backends = prepare_backends(names, checkpoint, workdir, progress)
     resolved = HandlerOptions.from_mapping(options).for_device(device)

@@ -1,7 +1,8 @@
 """The handler's tokenization (handlers/tokenization.encode) through real tokenizers: the Rust tokenizer's
 batch call gives the ids, token types and truncation flags the Hugging Face wrapper's call gives, for BERT,
 DistilBERT and RoBERTa, at any cap, whatever the text; ASCII texts normalized in Python
-(handlers/ascii_normalization.py) are normalized as the library's BertNormalizer does."""
+(handlers/ascii_normalization.py) are normalized as the library's BertNormalizer does, and single ones
+tokenized word by word (handlers/word_pieces.py) as the whole tokenizer tokenizes them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from transformers import AutoTokenizer
 
 from handlers.ascii_normalization import MAX_ADDED_TOKENS, AsciiShortcut
 from handlers.tokenization import TextEncoder, encode, text_encoder
+from handlers.word_pieces import CACHED_WORDS, LONGEST_CACHED_WORD, word_pieces
+from tooling.bench.corpus import other_words
 from tooling.checkpoints import build_random_family_classifier
 
 FAMILIES = ["bert", "distilbert", "roberta"]
@@ -98,6 +101,90 @@ def test_any_ascii_text_is_tokenized_as_the_wrapper_does(tokenizer, encoders, te
     assert encode(encoders[cap], texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
+# Words and runs of ASCII punctuation, whitespace of every kind Rust knows, the controls it does not count as
+# whitespace, and words longer than WordPiece reads (100 characters: [UNK]), in texts up to well past the caps.
+ASCII_WORDS = st.one_of(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12),
+    st.text(st.characters(max_codepoint=0x7F), max_size=6),
+    st.sampled_from(["\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "\x1f", "\x7f", "__", "##", "...", "x" * 101]),
+    st.text("abcdefghijklmnopqrstuvwxyz", min_size=95, max_size=130),
+)
+
+
+@pytest.fixture(scope="module")
+def sided(checkpoint):
+    """A tokenizer cut from either side, and the handler's encoder for it at each cap: built once."""
+    tokenizers = {
+        side: AutoTokenizer.from_pretrained(checkpoint, local_files_only=True, truncation_side=side)
+        for side in ("right", "left")
+    }
+    return {(side, cap): (t, text_encoder(t, cap)) for side, t in tokenizers.items() for cap in CAPS}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.lists(ASCII_WORDS, max_size=40).map(" ".join), min_size=1, max_size=4),
+    cap=st.sampled_from(CAPS),
+    side=st.sampled_from(["right", "left"]),
+)
+def test_single_ascii_texts_word_by_word_are_the_whole_tokenizers(sided, texts, cap, side):
+    tokenizer, encoder = sided[(side, cap)]
+    assert (encoder.words is not None) == (encoder.ascii is not None)  # BERT and DistilBERT; RoBERTa has neither
+    assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, cap)
+
+
+def test_single_ascii_texts_are_tokenized_word_by_word_and_their_words_remembered(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    encoder = text_encoder(tokenizer, 16)
+    remembered = encoder.words.remembered
+    assert remembered.cache_info().currsize == 0  # nothing of the check at load
+    texts = ["the room was clean, the staff kind", "the staff kind", "x" * (LONGEST_CACHED_WORD + 1), "café"]
+    assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, 16)
+    # Six words and the comma, each asked of WordPiece once (the second text's all remembered); not the word too long
+    # to keep, nor anything of the non-ASCII text.
+    cached = remembered.cache_info()
+    assert (cached.currsize, cached.misses, cached.hits) == (7, 7, 4)
+
+
+def test_a_worker_whose_words_change_forgets_the_least_recently_used(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    encoder = text_encoder(tokenizer, 256)
+    remembered = encoder.words.remembered
+    filler = other_words(CACHED_WORDS)
+    for start in range(0, len(filler), 100):
+        encode(encoder, [" ".join(filler[start : start + 100])])
+    assert remembered.cache_info().currsize == CACHED_WORDS
+    texts = ["a fine hotel room indeed", " ".join(filler[-3:])]
+    assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, 256)
+    cached = remembered.cache_info()  # the new words learned, as many of the oldest forgotten: no more kept
+    assert cached.currsize == CACHED_WORDS and cached.misses == CACHED_WORDS + 5 and cached.maxsize == CACHED_WORDS
+    encode(encoder, [" ".join(filler[:3])])  # the oldest: forgotten, so asked of WordPiece again
+    assert remembered.cache_info().misses == CACHED_WORDS + 8
+
+
+def test_the_word_path_is_refused_where_it_would_not_give_the_tokenizers_own_ids(tiny_checkpoint):
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    def fast(post_processor=None, pre_tokenizer=None, cap=16):
+        rust = text_encoder(AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True), cap).fast
+        if post_processor is not None:
+            rust.post_processor = post_processor
+        if pre_tokenizer is not None:
+            rust.pre_tokenizer = pre_tokenizer
+        return rust
+
+    special = [("[CLS]", 101), ("[SEP]", 102)]
+    assert word_pieces(fast(), 16) is not None
+    assert word_pieces(fast(pre_tokenizer=Whitespace()), 16) is None  # splits "it's" otherwise than BERT's
+    # Special tokens read from the tokenizer, wherever its template puts them.
+    doubled = word_pieces(fast(TemplateProcessing(single="[CLS] $A [SEP] [SEP]", special_tokens=special)), 16)
+    assert (doubled.prefix, doubled.suffix, doubled.budget) == ((101,), (102, 102), 13)
+    # A template that marks a single text's tokens as type 1: token types all 0 would be wrong, so no word path.
+    assert word_pieces(fast(TemplateProcessing(single="[CLS] $A:1 [SEP]", special_tokens=special)), 16) is None
+    assert word_pieces(fast(cap=1), 1) is None  # a cap under the special tokens: the tokenizer's call decides
+
+
 def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer):
     shortcut = text_encoder(tokenizer, 16).ascii
     normalizer = (
@@ -140,17 +227,25 @@ def test_no_text_is_no_encoding(tokenizer):
     assert encode(text_encoder(tokenizer, 16), []) == []
 
 
-def test_the_benchmark_times_the_three_ways_at_each_batch_size(tiny_checkpoint):
-    from tooling.bench.ceilings import tokenization_speed
-    from tooling.bench.corpus import build_corpus
+def test_the_benchmark_times_each_way_at_each_batch_size_on_both_corpora(tiny_checkpoint):
+    from tooling.bench.ceilings import TOKENIZATION_WAYS, tokenization_speed
+    from tooling.bench.corpus import build_corpus, with_every_word_new
 
-    rows = tokenization_speed(tiny_checkpoint, build_corpus(32), [1, 8], rounds=1)
-    assert [row["batch_size"] for row in rows] == [1, 8]
+    texts = build_corpus(32)
+    rows = tokenization_speed(tiny_checkpoint, texts, [1, 8], rounds=1)
+    assert [(row["corpus"], row["batch_size"]) for row in rows] == [
+        ("benchmark", 1), ("benchmark", 8), ("every_word_new", 1), ("every_word_new", 8)
+    ]  # fmt: skip
     for row in rows:  # timings only: which way is faster is the benchmark's to print, not a test's to require
-        handler, whole = row["handler_us_per_text"], row["rust_whole_tokenizer_us_per_text"]
-        assert handler > 0 and whole > 0 and row["wrapper_two_passes_us_per_text"] > 0
-        assert row["speed_up_over_whole_tokenizer"] == whole / handler
-        assert row["speed_up_over_wrapper"] == row["wrapper_two_passes_us_per_text"] / handler
+        assert all(row[f"{way}_us_per_text"] > 0 for way in TOKENIZATION_WAYS)
+        for way in ("handler", "handler_empty_cache", "handler_full_cache"):
+            ratio = row["rust_batch_call_us_per_text"] / row[f"{way}_us_per_text"]
+            assert row[f"{way}_speed_up_over_rust_batch_call"] == ratio
+    # Every word of the second corpus is new: none of its words is a word of the first, and no two are the same.
+    words = [word for text in with_every_word_new(texts) for word in text.split() if word.isalpha()]
+    assert len(set(words)) == len(words) and not set(words) & {word for text in texts for word in text.split()}
+    # And the full cache's words are none of either corpus's.
+    assert len(set(other_words(1000))) == 1000 and not set(other_words(1000)) & {*words, *" ".join(texts).split()}
 
 
 PAIRS = [

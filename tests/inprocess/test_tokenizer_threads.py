@@ -27,7 +27,7 @@ from handlers.tokenization import encode
 
 served = load_model(Path(sys.argv[1]), HandlerOptions(cpu_threads=int(sys.argv[2])), None)
 before = set(os.listdir("/proc/self/task"))  # thread ids: a loading thread that exits meanwhile is not counted
-encode(served.encoder, ["a review of a quiet hotel room"] * 64)
+encode(served.encoder, ["a review of a quiet hôtel room"] * 64)  # not ASCII: the Rust call, not word by word
 print(len(set(os.listdir("/proc/self/task")) - before))
 print(served.description)
 """

@@ -298,38 +298,72 @@ def worst_batch_seconds(
     return times
 
 
+TOKENIZATION_WAYS = (
+    "handler",
+    "handler_empty_cache",
+    "handler_full_cache",
+    "rust_batch_call",
+    "rust_whole_tokenizer",
+    "wrapper_two_passes",
+)
+
+
 def tokenization_speed(
     model_dir: Path, texts: Sequence[str], batch_sizes: Sequence[int], options: HandlerOptions | None = None,
     rounds: int = 5,
 ) -> list[dict]:  # fmt: skip
-    """Microseconds per text of the handler's tokenization (handlers/tokenization.encode: the Rust tokenizer's
-    batch call, ASCII texts normalized in Python where the normalizer is BERT's) against the same call with the
-    Rust tokenizer's own normalizer for every text, and the Hugging Face wrapper's call (two passes, the path a
-    tokenizer without a Rust one still takes), alternated round by round at each batch size; the median round.
-    `options` as the archive's: cpu_threads sizes the tokenizer's pool (the process's first load fixes it)."""
+    """Microseconds per text of the handler's tokenization (handlers/tokenization.encode: where the tokenizer is
+    BERT's, ASCII texts normalized in Python and single ones tokenized word by word, each word's pieces remembered)
+    against the ways before it, alternated round by round at each batch size; the median round. The ways: `handler`;
+    `handler_empty_cache`, the same with nothing remembered at the start of each round (a new worker);
+    `handler_full_cache`, with as many other words remembered as it keeps (a worker that met many words, none of
+    these: tooling/bench/corpus.other_words); `rust_batch_call`, the Rust tokenizer's batch call without BERT's
+    normalizer (the handler until the words were remembered); `rust_whole_tokenizer`, that call with its own
+    normalizer; `wrapper_two_passes`, the Hugging Face wrapper's call (the path a tokenizer without a Rust one still
+    takes). On two corpora: `texts` (`corpus` "benchmark") and the same texts with every word new ("every_word_new",
+    tooling/bench/corpus.with_every_word_new). `options` as the archive's: cpu_threads sizes the tokenizer's pool
+    (the process's first load fixes it)."""
     import dataclasses
     import statistics
 
     from handlers.tokenization import TextEncoder, encode
+    from handlers.word_pieces import CACHED_WORDS, word_pieces
+    from tooling.bench.corpus import other_words, with_every_word_new
 
-    tokens = load_tokenizer(model_dir, options or HandlerOptions())  # the handler's encoder; no weights needed
-    ways = {
-        "handler": tokens.encoder,
-        "rust_whole_tokenizer": dataclasses.replace(tokens.encoder, ascii=None),
-        "wrapper_two_passes": TextEncoder(tokens.tokenizer, tokens.encoder.max_length),
+    encoder = load_tokenizer(model_dir, options or HandlerOptions()).encoder  # the handler's; no weights needed
+    max_length = encoder.max_length
+
+    def full_cache() -> TextEncoder:
+        filled = dataclasses.replace(encoder, words=word_pieces(encoder.fast, max_length))
+        filler = other_words(CACHED_WORDS)
+        for start in range(0, len(filler), 100):  # through the handler's own call, as traffic fills it
+            encode(filled, [" ".join(filler[start : start + 100])])
+        return filled
+
+    ways: dict[str, Callable[[], TextEncoder]] = {
+        "handler": lambda: encoder,
+        "handler_empty_cache": lambda: dataclasses.replace(encoder, words=word_pieces(encoder.fast, max_length)),
+        "handler_full_cache": full_cache,
+        "rust_batch_call": lambda: dataclasses.replace(encoder, words=None),
+        "rust_whole_tokenizer": lambda: dataclasses.replace(encoder, ascii=None, words=None),
+        "wrapper_two_passes": lambda: TextEncoder(encoder.tokenizer, encoder.max_length),
     }
     rows = []
-    for batch_size in batch_sizes:
-        chunks = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for _ in range(rounds):
-            for name, encoder in ways.items():
-                started = time.perf_counter()
-                for chunk in chunks:
-                    encode(encoder, chunk)
-                times[name].append(1e6 * (time.perf_counter() - started) / len(texts))
-        row = {"batch_size": batch_size, **{f"{name}_us_per_text": statistics.median(t) for name, t in times.items()}}
-        row["speed_up_over_whole_tokenizer"] = row["rust_whole_tokenizer_us_per_text"] / row["handler_us_per_text"]
-        row["speed_up_over_wrapper"] = row["wrapper_two_passes_us_per_text"] / row["handler_us_per_text"]
-        rows.append(row)
+    for corpus, corpus_texts in (("benchmark", list(texts)), ("every_word_new", with_every_word_new(list(texts)))):
+        for batch_size in batch_sizes:
+            chunks = [corpus_texts[i : i + batch_size] for i in range(0, len(corpus_texts), batch_size)]
+            times: dict[str, list[float]] = {name: [] for name in ways}
+            for _ in range(rounds):
+                for name, way in ways.items():
+                    this_round = way()  # built before the clock starts: a new cache is built at a worker's load
+                    started = time.perf_counter()
+                    for chunk in chunks:
+                        encode(this_round, chunk)
+                    times[name].append(1e6 * (time.perf_counter() - started) / len(corpus_texts))
+            row = {"corpus": corpus, "batch_size": batch_size}
+            row.update({f"{name}_us_per_text": statistics.median(t) for name, t in times.items()})
+            before = row["rust_batch_call_us_per_text"]
+            for name in ("handler", "handler_empty_cache", "handler_full_cache"):
+                row[f"{name}_speed_up_over_rust_batch_call"] = before / row[f"{name}_us_per_text"]
+            rows.append(row)
     return rows
