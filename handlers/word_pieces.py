@@ -4,7 +4,7 @@ Why: with its normalizer skipped (handlers/ascii_normalization.py), what is left
 batch call is mostly its machinery around WordPiece (each text split into pieces that keep their
 offsets into the original), not WordPiece itself. Reviews repeat their words: the benchmark's texts,
 split here with one regular expression and each word's pieces asked of the checkpoint's own WordPiece
-model once, then remembered, took a quarter to a half of that call's time. A word never met before
+model once, then remembered, took a quarter to about a half of that call's time. A word never met before
 costs a question to WordPiece from Python, about what one thread of that call spends on it, so texts
 whose every word is new take about as long as on one thread, and up to twice as long as the call's
 pool of two threads at batch 128 (docs/benchmarks.md, "Single ASCII texts word by word").
