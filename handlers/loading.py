@@ -155,7 +155,7 @@ def load_model(
         from handlers.fault_injection import FaultInjectingForward
 
         forward = FaultInjectingForward(forward, tokenizer, options)
-    description = f"{forward.description}; tokenizer {loaded.threads} thread(s)"
+    description = f"{forward.description}; tokenizer {loaded.threads} thread(s): {encoder.description}"
     if scores != SOFTMAX:
         description += f"; scores: {scores} ({config.num_labels} label(s), problem_type {config.problem_type})"
     if graphs_ignored:

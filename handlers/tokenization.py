@@ -60,6 +60,17 @@ class TextEncoder:
     ascii: AsciiShortcut | None = None
     words: WordPieces | None = None
 
+    @property
+    def description(self) -> str:
+        """The ways texts take, for the load log."""
+        if self.fast is None:
+            return "the Hugging Face wrapper's call (no Rust tokenizer)"
+        if self.words is not None:
+            return "single ASCII texts word by word, words remembered; the others the Rust batch call"
+        if self.ascii is not None:
+            return "the Rust batch call, ASCII texts normalized in Python"
+        return "the Rust batch call"
+
 
 def text_encoder(tokenizer: Any, max_length: int) -> TextEncoder:
     """The encoder for `tokenizer` at a cap of `max_length` tokens (special tokens included)."""

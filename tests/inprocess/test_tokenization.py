@@ -130,6 +130,7 @@ def sided(checkpoint):
 def test_single_ascii_texts_word_by_word_are_the_whole_tokenizers(sided, texts, cap, side):
     tokenizer, encoder = sided[(side, cap)]
     assert (encoder.words is not None) == (encoder.ascii is not None)  # BERT and DistilBERT; RoBERTa has neither
+    assert ("word by word" in encoder.description) == (encoder.words is not None)  # what the load log says
     assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
