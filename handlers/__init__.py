@@ -11,7 +11,7 @@ Module map (one job each), in the order a batch flows through them:
   validation.py       text checks that need no tokenizer, torch-free
   tokenization.py     valid texts -> token ids, with the token cap; padding into arrays
   ascii_normalization.py  BERT's normalization of an ASCII text in Python, ahead of a tokenizer copy without it
-  word_pieces.py      a single such text split into words, each word's WordPiece ids asked once and remembered
+  word_pieces.py      such a text (or pair) split into words, each word's WordPiece ids asked once and remembered
   frame_reader.py     TorchServe's worker reads each batch off its socket through a buffer, not a recv() per field
   batching.py         length-aware micro-batch planning, torch-free
   fault_isolation.py  bisection of a failing forward pass down to the items that fail alone

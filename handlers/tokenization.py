@@ -49,7 +49,7 @@ class TextEncoder:
     and never pad, or None where the tokenizer has none (a Python tokenizer). `features`: the ids the model
     takes besides the mask: input_ids, and token_type_ids where the tokenizer's model_input_names has them.
     `ascii`: for a BERT normalizer, the ASCII texts' shortcut past it (handlers/ascii_normalization.py).
-    `words`: for BERT's pre-tokenizer and WordPiece, single texts so normalized tokenized word by word, each
+    `words`: for BERT's pre-tokenizer and WordPiece, texts and pairs so normalized tokenized word by word, each
     word's pieces remembered (handlers/word_pieces.py).
     """
 
@@ -66,7 +66,8 @@ class TextEncoder:
         if self.fast is None:
             return "the Hugging Face wrapper's call (no Rust tokenizer)"
         if self.words is not None:
-            return "single ASCII texts word by word, words remembered; the others the Rust batch call"
+            pairs = "texts and pairs" if self.words.pair is not None else "texts"
+            return f"ASCII {pairs} word by word, words remembered; the others the Rust batch call"
         if self.ascii is not None:
             return "the Rust batch call, ASCII texts normalized in Python"
         return "the Rust batch call"
@@ -113,10 +114,10 @@ def encode(encoder: TextEncoder, texts: Sequence[Instance]) -> list[Encoding]:
     BERT) and cut longest first, as transformers' pipeline does with `truncation=True`.
     With a Rust tokenizer: one batch call that skips character offsets (`encode_batch_fast`: nothing here
     uses them, and they cost about a fifth of the call), a text cut at the cap being one that left tokens
-    over. For a BERT tokenizer, the ASCII texts are normalized here; a single one is then split into words and
-    each word's WordPiece ids looked up (handlers/word_pieces.py), a pair goes through a copy without the
-    normalizer, in a call of its own (handlers/ascii_normalization.py); the others through the whole
-    tokenizer. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
+    over. For a BERT tokenizer, the ASCII texts and pairs are normalized here, then split into words and each
+    word's WordPiece ids looked up (handlers/word_pieces.py; where the tokenizer's pairs cannot be, its ASCII
+    pairs go through a copy without the normalizer, handlers/ascii_normalization.py); the others through the
+    whole tokenizer. The same ids and flags as the Hugging Face wrapper's call (tests/inprocess/
     test_tokenization.py), at 2.6 to 8 times its speed on the benchmark's texts, which matters on a GPU where
     tokenizing a batch costs about as long as its forward pass (docs/benchmarks.md, "Tokenization").
     """
@@ -129,10 +130,14 @@ def encode(encoder: TextEncoder, texts: Sequence[Instance]) -> list[Encoding]:
         return _encodings(encoder.fast.encode_batch_fast(inputs), encoder.features)
     normalized = [_normalized(encoder.ascii, item) for item in inputs]
     by_index: dict[int, Encoding] = {}
-    if encoder.words is not None:
+    words = encoder.words
+    if words is not None:
         for i, item in enumerate(normalized):
             if isinstance(item, str):
-                by_index[i] = _word_encoding(*encoder.words.encode(item), encoder.features)
+                ids, cut = words.encode(item)
+                by_index[i] = _word_encoding(ids, None, cut, encoder.features)
+            elif item is not None and words.pair is not None:
+                by_index[i] = _word_encoding(*words.encode_pair(*item), encoder.features)
     short = [i for i, item in enumerate(normalized) if item is not None and i not in by_index]
     whole = [i for i, item in enumerate(normalized) if item is None]
     if short:
@@ -159,10 +164,10 @@ def _encodings(encoded: Sequence[Any], features: tuple[str, ...]) -> list[Encodi
     return [Encoding({"input_ids": e.ids}, bool(e.overflowing)) for e in encoded]
 
 
-def _word_encoding(ids: list[int], cut: bool, features: tuple[str, ...]) -> Encoding:
-    """A single text's encoding from its word-by-word ids: its token types all 0, as the Rust call gives them."""
+def _word_encoding(ids: list[int], types: list[int] | None, cut: bool, features: tuple[str, ...]) -> Encoding:
+    """An encoding from word-by-word ids and token types (a single text's: None, all 0, as the Rust call gives)."""
     if features == ("input_ids", "token_type_ids"):
-        return Encoding({"input_ids": ids, "token_type_ids": [0] * len(ids)}, cut)
+        return Encoding({"input_ids": ids, "token_type_ids": [0] * len(ids) if types is None else types}, cut)
     return Encoding({"input_ids": ids}, cut)
 
 

@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tokenization",
         action="store_true",
         help="only time the handler's tokenization against the ways before it at batch 1, 8 and --batch-size, on "
-        "the corpus and on the corpus with every word new, and exit",
+        "the corpus, on the corpus with every word new and on pairs of its texts, and exit",
     )
     parser.add_argument(
         "--frame-reading",

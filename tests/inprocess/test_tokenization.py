@@ -134,6 +134,36 @@ def test_single_ascii_texts_word_by_word_are_the_whole_tokenizers(sided, texts, 
     assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, cap)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pairs=st.lists(st.tuples(*[st.lists(ASCII_WORDS, max_size=15).map(" ".join)] * 2), min_size=1, max_size=3),
+    cap=st.sampled_from(CAPS),
+    side=st.sampled_from(["right", "left"]),
+)
+def test_ascii_pairs_word_by_word_are_joined_and_cut_as_the_whole_tokenizer_does(sided, pairs, cap, side):
+    from handlers.instances import TextPair
+
+    tokenizer, encoder = sided[(side, cap)]
+    assert (encoder.words is not None and encoder.words.pair is not None) == (encoder.ascii is not None)
+    if encoder.words is None and cap < 4:
+        return  # RoBERTa's pair has 4 special tokens: at a cap of 3 its own calls disagree on the flag (see below)
+    batch = [TextPair(first, second) for first, second in pairs]
+    assert encode(encoder, batch) == through_the_wrapper(tokenizer, batch, cap)
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_a_pair_cut_longest_first_keeps_the_shorter_whole_or_each_half(odd):
+    from handlers.word_pieces import longest_first
+
+    budget = 9 if odd else 8
+    assert longest_first(2, 20, budget) == (2, budget - 2) and longest_first(20, 2, budget) == (budget - 2, 2)  # whole
+    half = budget // 2
+    assert longest_first(20, 30, budget) == (half, budget - half)  # each half, the longer the odd piece
+    assert longest_first(30, 20, budget) == (budget - half, half)
+    assert longest_first(20, 20, budget) == (half, budget - half)  # as long: the second
+    assert longest_first(3, 4, budget) == (3, 4)  # nothing to cut
+
+
 def test_single_ascii_texts_are_tokenized_word_by_word_and_their_words_remembered(tiny_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
     encoder = text_encoder(tokenizer, 16)
@@ -184,6 +214,13 @@ def test_the_word_path_is_refused_where_it_would_not_give_the_tokenizers_own_ids
     # A template that marks a single text's tokens as type 1: token types all 0 would be wrong, so no word path.
     assert word_pieces(fast(TemplateProcessing(single="[CLS] $A:1 [SEP]", special_tokens=special)), 16) is None
     assert word_pieces(fast(cap=1), 1) is None  # a cap under the special tokens: the tokenizer's call decides
+    # Pairs: their own template, read as the singles' is; a tokenizer that cuts pairs otherwise keeps the Rust call.
+    template = word_pieces(fast(), 16).pair
+    assert (template.ids, template.types, template.budget) == (((101,), (102,), (102,)), ((0,), (0,), (1,)), 13)
+    only_first = fast()
+    only_first.enable_truncation(16, strategy="only_first")
+    assert word_pieces(only_first, 16).pair is None and word_pieces(only_first, 16) is not None
+    assert word_pieces(fast(cap=2), 2).pair is None  # three special tokens, a cap of two
 
 
 def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer):
@@ -228,14 +265,14 @@ def test_no_text_is_no_encoding(tokenizer):
     assert encode(text_encoder(tokenizer, 16), []) == []
 
 
-def test_the_benchmark_times_each_way_at_each_batch_size_on_both_corpora(tiny_checkpoint):
+def test_the_benchmark_times_each_way_at_each_batch_size_on_each_corpus(tiny_checkpoint):
     from tooling.bench.ceilings import TOKENIZATION_WAYS, tokenization_speed
     from tooling.bench.corpus import build_corpus, with_every_word_new
 
     texts = build_corpus(32)
     rows = tokenization_speed(tiny_checkpoint, texts, [1, 8], rounds=1)
     assert [(row["corpus"], row["batch_size"]) for row in rows] == [
-        ("benchmark", 1), ("benchmark", 8), ("every_word_new", 1), ("every_word_new", 8)
+        ("benchmark", 1), ("benchmark", 8), ("every_word_new", 1), ("every_word_new", 8), ("pairs", 1), ("pairs", 8)
     ]  # fmt: skip
     for row in rows:  # timings only: which way is faster is the benchmark's to print, not a test's to require
         assert all(row[f"{way}_us_per_text"] > 0 for way in TOKENIZATION_WAYS)

@@ -320,12 +320,13 @@ def tokenization_speed(
     these: tooling/bench/corpus.other_words); `rust_batch_call`, the Rust tokenizer's batch call without BERT's
     normalizer (the handler until the words were remembered); `rust_whole_tokenizer`, that call with its own
     normalizer; `wrapper_two_passes`, the Hugging Face wrapper's call (the path a tokenizer without a Rust one still
-    takes). On two corpora: `texts` (`corpus` "benchmark") and the same texts with every word new ("every_word_new",
-    tooling/bench/corpus.with_every_word_new). `options` as the archive's: cpu_threads sizes the tokenizer's pool
-    (the process's first load fixes it)."""
+    takes). On three corpora: `texts` (`corpus` "benchmark"), the same texts with every word new ("every_word_new",
+    tooling/bench/corpus.with_every_word_new), and pairs of them, each text with the next ("pairs"). `options` as
+    the archive's: cpu_threads sizes the tokenizer's pool (the process's first load fixes it)."""
     import dataclasses
     import statistics
 
+    from handlers.instances import TextPair
     from handlers.tokenization import TextEncoder, encode
     from handlers.word_pieces import CACHED_WORDS, word_pieces
     from tooling.bench.corpus import other_words, with_every_word_new
@@ -349,7 +350,9 @@ def tokenization_speed(
         "wrapper_two_passes": lambda: TextEncoder(encoder.tokenizer, encoder.max_length),
     }
     rows = []
-    for corpus, corpus_texts in (("benchmark", list(texts)), ("every_word_new", with_every_word_new(list(texts)))):
+    pairs = [TextPair(texts[i], texts[(i + 1) % len(texts)]) for i in range(len(texts))]  # a cross-encoder's
+    corpora = (("benchmark", list(texts)), ("every_word_new", with_every_word_new(list(texts))), ("pairs", pairs))
+    for corpus, corpus_texts in corpora:
         for batch_size in batch_sizes:
             chunks = [corpus_texts[i : i + batch_size] for i in range(0, len(corpus_texts), batch_size)]
             times: dict[str, list[float]] = {name: [] for name in ways}
