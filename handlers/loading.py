@@ -8,6 +8,7 @@ measure is what the handler serves.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +64,11 @@ class LoadedModel:
     description: str  # one line for the load log
     bucket_costs: BucketCosts | None = None  # CUDA graphs' measured pass times (handlers/cuda_graphs.py); else None
 
-    @property
+    @functools.cached_property
     def planner(self) -> PassPlanner:
         """How a batch becomes passes: by the graphs' measured costs where options left max_batch_tokens at 0 for
-        them (HandlerOptions.for_device), else within the token budget."""
+        them (HandlerOptions.for_device), else within the token budget. Built at its first batch, then kept: it
+        follows from fields that never change (a replaced model builds its own)."""
         multiple, limit = self.options.pad_to_multiple_of, self.token_limit
         if self.options.max_batch_tokens:
             return TokenBudget(self.options.max_batch_tokens, multiple, limit)

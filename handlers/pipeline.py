@@ -134,10 +134,17 @@ def encode_texts(
 
 
 def plan(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> Plan:
-    """Instances of the whole batch grouped into forward passes by the model's planner (handlers/batching.py)."""
+    """Instances of the whole batch grouped into forward passes by the model's planner (handlers/batching.py),
+    with the tokens those passes compute."""
+    return passes(model, planned_groups(model, encodings), encodings)
+
+
+def planned_groups(model: LoadedModel, encodings: Mapping[InstanceKey, Encoding]) -> list[list[InstanceKey]]:
+    """The forward passes the model's planner makes of the batch's instances (what plan counts, uncounted: a batch
+    counts the passes that ran, after them)."""
     keys = list(encodings)
     groups = model.planner.groups([encodings[k].length for k in keys])
-    return passes(model, [[keys[position] for position in group] for group in groups], encodings)
+    return [[keys[position] for position in group] for group in groups]
 
 
 def passes(
@@ -283,8 +290,8 @@ def answer_batch(
         rejected.update(refused)
         clock.lap("tokenization")
         encodings = servable(encodings, rejected)
-        batch_plan = plan(model, encodings)
-        predictions, failed, ran = run_forward(model, batch_plan.groups, encodings, deadlines, pace)
+        groups = planned_groups(model, encodings)
+        predictions, failed, ran = run_forward(model, groups, encodings, deadlines, pace)
         rejected.update(failed)
         clock.lap("forward")
         counted = passes(model, ran, encodings)

@@ -108,19 +108,15 @@ class WordPieces:
         words = WORDS.findall(normalized)
         # WordPiece gives every word one piece at least ([UNK] at worst): past the first budget + 1 words (the last,
         # when the end is kept) none is kept, and one more than the budget is enough to tell that the text is cut.
-        words = words[-(self.budget + 1) :] if self.keep_end else words[: self.budget + 1]
-        short = max(map(len, words), default=0) <= LONGEST_CACHED_WORD
-        ids = list(chain.from_iterable(map(self.remembered if short else self.tokenize, words)))
-        cut = len(ids) > self.budget
-        if cut:
-            ids = ids[len(ids) - self.budget :] if self.keep_end else ids[: self.budget]
-        return [*self.prefix, *ids, *self.suffix], cut
+        pieces = self._pieces(words[-(self.budget + 1) :] if self.keep_end else words[: self.budget + 1])
+        return [*self.prefix, *self._kept(pieces, self.budget), *self.suffix], len(pieces) > self.budget
 
     def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int], bool]:
         """A pair of normalized texts' ids and token types, and whether pieces were cut at the cap (self.pair)."""
         template = self.pair
         assert template is not None, "encode_pair needs the pair's template"
-        a, b = self._pieces(first), self._pieces(second)
+        # All of both texts' pieces: a pair's cut depends on both whole lengths.
+        a, b = self._pieces(WORDS.findall(first)), self._pieces(WORDS.findall(second))
         cut = len(a) + len(b) > template.budget
         if cut:
             keep_a, keep_b = longest_first(len(a), len(b), template.budget)
@@ -130,9 +126,8 @@ class WordPieces:
         types = [*before_types, *[template.first_type] * len(a), *between_types, *[template.second_type] * len(b)]
         return ids, [*types, *after_types], cut
 
-    def _pieces(self, normalized: str) -> list[int]:
-        """All the pieces of a text (a pair's cut needs both texts' whole lengths)."""
-        words = WORDS.findall(normalized)
+    def _pieces(self, words: list[str]) -> list[int]:
+        """The words' pieces in order, remembered unless a word is too long to keep."""
         short = max(map(len, words), default=0) <= LONGEST_CACHED_WORD
         return list(chain.from_iterable(map(self.remembered if short else self.tokenize, words)))
 
