@@ -18,7 +18,8 @@ from handlers.batching import CheapestPasses, TokenBudget
 from handlers.loading import load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import plan, run_forward
-from handlers.tokenization import encode
+from handlers.scores import apply
+from handlers.tokenization import collate, encode
 from tests.answers import candidate_texts
 from tests.support import statuses
 from tooling.inprocess import load_handler, make_context, set_batch
@@ -34,6 +35,36 @@ TOLERANCE = 1e-4
 # 1e-4 above. 1e-3 is what the eager path's own neighbours-against-alone check allows
 # (tests/gpu/test_gpu_serving.py, the out-of-memory test); the labels must still agree exactly.
 ACROSS_PASSES = 1e-3
+# Random heads and other families, replayed against eager, differed by up to 1.3e-3 (a raw regression score) and
+# 4.0e-4 (probabilities) on an H100 (2026-11-28), where the same checkpoints' float32 on a CPU is within 8e-7 of
+# float64: on that host at least one of its two float32 paths is not exact to float32's rounding (which one, not
+# yet measured: the assertion's message says). So each path is held to the float64 answer: the graphs may be off
+# by EAGER_ERROR_FACTOR times what eager passes are off on the same host, plus TOLERANCE. A wrong score function,
+# token type or row is off by tenths.
+EAGER_ERROR_FACTOR = 4
+
+
+def in_float64_on_the_cpu(checkpoint, served, encodings) -> np.ndarray:
+    """The scores to float32's rounding and better: the checkpoint in float64 on the CPU, over the same collated
+    pass, read through the served model's score function."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).double().eval()
+    arrays = collate(encodings, served.tokenizer.pad_token_id, 1, served.token_limit)
+    with torch.inference_mode():
+        logits = model(**{key: torch.from_numpy(value) for key, value in arrays.items()}).logits
+    return apply(logits, served.scores).numpy()
+
+
+def assert_replayed_as_accurately_as_eager(checkpoint, eager, graphed, encodings) -> None:
+    exact = in_float64_on_the_cpu(checkpoint, eager, encodings)
+    replayed, alone = graphed.forward(encodings), eager.forward(encodings)
+    assert replayed.shape == alone.shape == exact.shape
+    eager_error, graphs_error = float(np.abs(alone - exact).max()), float(np.abs(replayed - exact).max())
+    assert graphs_error <= EAGER_ERROR_FACTOR * eager_error + TOLERANCE, (
+        f"against float64: graphs off by {graphs_error:.2e}, eager passes by {eager_error:.2e}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +152,7 @@ def test_a_head_read_through_sigmoid_or_raw_is_replayed_as_eager_reads_it(head, 
     graphed = load_model(checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
     assert graphed.forward.graphs is not None and graphed.scores == eager.scores != "softmax"
     encodings = encode(eager.encoder, [t for t, _ in zip(candidate_texts(), range(12))])
-    np.testing.assert_allclose(graphed.forward(encodings), eager.forward(encodings), atol=TOLERANCE)
+    assert_replayed_as_accurately_as_eager(checkpoint, eager, graphed, encodings)
 
 
 @pytest.mark.parametrize("family", ["distilbert", "roberta"])
@@ -135,4 +166,4 @@ def test_other_families_capture_time_and_replay_their_passes(family, tmp_path):
     graphed = load_model(checkpoint, HandlerOptions(dtype="float32", cuda_graphs=True), 0, batch_size=MAX_ROWS)
     assert graphed.bucket_costs is not None and graphed.model_type == family
     encodings = encode(eager.encoder, [t for t, _ in zip(candidate_texts(), range(12))])
-    np.testing.assert_allclose(graphed.forward(encodings), eager.forward(encodings), atol=TOLERANCE)
+    assert_replayed_as_accurately_as_eager(checkpoint, eager, graphed, encodings)

@@ -223,6 +223,31 @@ def test_the_word_path_is_refused_where_it_would_not_give_the_tokenizers_own_ids
     assert word_pieces(fast(cap=2), 2).pair is None  # three special tokens, a cap of two
 
 
+def test_pairs_keep_the_rust_call_where_the_librarys_cut_differs_from_the_replica(tiny_checkpoint, monkeypatch):
+    """The pair probes at load (handlers/word_pieces.pair_probes) are what refuses the pair path on a tokenizers
+    release that cuts otherwise. tokenizers 0.23.2 (the H100 image's, 2026-11-28), where both texts of a pair are
+    longer than the cap and the first is the longer, gives the odd piece to the second (18 and 17 pieces at a cap
+    of 16: 6 and 7); 0.23.3, the lock's, to the longer (7 and 6). On that host the served log read "ASCII texts
+    word by word", without pairs. Here the replica cuts as 0.23.2 does (held to 0.23.2 over every pair of up to 24
+    pieces at caps 8, 9 and 16 on that day), against the lock's tokenizers: single texts keep the word path, pairs
+    do not."""
+    from handlers import word_pieces as module
+
+    lock_cut = module.longest_first
+
+    def as_0_23_2(first: int, second: int, budget: int) -> tuple[int, int]:
+        if first > second >= budget + 3:  # both over the cap: a BERT pair's three special tokens and the budget
+            return budget // 2, budget // 2 + budget % 2
+        return lock_cut(first, second, budget)
+
+    assert as_0_23_2(18, 17, 13) == (6, 7) != lock_cut(18, 17, 13) == (7, 6)
+    rust = text_encoder(AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True), 16).fast
+    assert word_pieces(rust, 16).pair is not None
+    monkeypatch.setattr(module, "longest_first", as_0_23_2)
+    words = word_pieces(rust, 16)
+    assert words is not None and words.pair is None
+
+
 def test_ascii_texts_skip_the_rust_normalizer_of_bert_tokenizers_only(tokenizer):
     shortcut = text_encoder(tokenizer, 16).ascii
     normalizer = (
