@@ -103,8 +103,9 @@ echo "==> demo model"
 # The demo archive: on a CPU host ONNX Runtime (fp32: the same answers as PyTorch, measured fastest on
 # CPU, docs/benchmarks.md) with one thread per worker, as serve.sh starts one worker per core; on a GPU
 # host PyTorch, float16 on CUDA (ONNX Runtime here has no CUDA provider, and a worker refuses to run an
-# ONNX archive on the CPU when TorchServe gave it a GPU), each pass replayed from a CUDA graph (faster below
-# saturation, measured in docs/benchmarks.md, "CUDA graphs, measured on an H200"). Rebuilt when the model,
+# ONNX archive on the CPU when TorchServe gave it a GPU), each pass replayed from a CUDA graph, the passes
+# planned by their measured times (faster than eager passes at 1, 256 and 1,024 clients on an H100, measured
+# in docs/benchmarks.md, "CUDA graphs: passes planned by their measured times"). Rebuilt when the model,
 # the handler code, its options, the export, the device or these archive options changed (the stamp holds
 # the last two).
 if [ "$DEVICE" = gpu ]; then

@@ -42,7 +42,11 @@ def test_the_readme_delay_figures_are_the_demo_runs_lone_client_medians():
 
 
 def test_the_float16_difference_cited_is_the_largest_of_the_committed_gpu_runs():
-    runs = [json.loads(path.read_text()) for path in sorted((DOCS / "bench-gpu").glob("*.json"))]
+    runs = [
+        json.loads(path.read_text())
+        for folder in ("bench-gpu", "bench-gpu-h100-graphs")
+        for path in sorted((DOCS / folder).glob("*.json"))
+    ]
     largest = max(
         cell["answers_max_abs_diff"] for run in runs for cell in run["served"] if "answers_max_abs_diff" in cell
     )
@@ -55,16 +59,49 @@ def test_the_cuda_graphs_figures_quoted_are_the_committed_h200_runs():
     run = json.loads((DOCS / "bench-gpu-h200" / "benchmark.json").read_text())
     cells = {(c["backend"], c["workers"], c["concurrency"]): c for c in run["served"]}
     assert "NVIDIA H200 (CUDA" in (DOCS / "bench-gpu-h200" / "benchmark.md").read_text().splitlines()[0]
-    readme, benchmarks = _one_line(REPO / "README.md"), _one_line(DOCS / "benchmarks.md")
+    benchmarks = _one_line(DOCS / "benchmarks.md")
     lone_graphs, lone_eager = cells["pytorch-graphs", 1, 1]["p50_ms"], cells["pytorch", 1, 1]["p50_ms"]
-    assert f"median **{lone_graphs:.1f} ms** against eager passes' {lone_eager:.1f}" in readme
+    lone_rps = cells["pytorch-graphs", 1, 1]["rps"], cells["pytorch", 1, 1]["rps"]
+    assert f"| 1 worker, 1 client | {lone_rps[0]:.0f} | {lone_rps[1]:.0f} | {lone_graphs:.1f} / " in benchmarks
     graphs, eager = cells["pytorch-graphs", 8, 256]["rps"], cells["pytorch", 8, 256]["rps"]
-    ratio = graphs / eager
-    assert f"served {ratio:.1f}× eager's requests at 256 clients ({graphs:,.0f} against {eager:,.0f} req/s)" in readme
+    assert f"| 8 workers, 256 | **{graphs:,.0f}** | {eager:,.0f} |" in benchmarks
+    assert f"served {graphs / eager:.1f}× the requests at 256" in benchmarks
     graphs, eager = cells["pytorch-graphs", 8, 1024]["rps"], cells["pytorch", 8, 1024]["rps"]
-    assert f"at 1,024 clients eager led, {eager:,.0f} against {graphs:,.0f}" in readme
     assert f"| 8 workers, 1,024 | {graphs:,.0f} | **{eager:,.0f}** |" in benchmarks
+    assert f"they served {graphs / eager:.2f}× ({graphs:,.0f} against {eager:,.0f};" in benchmarks
     checked = sum(c["answers_checked"] for c in run["served"])
     wrong = sum(c["answers_wrong"] for c in run["served"])
     assert f"{wrong} wrong of {checked:,}" in benchmarks
     assert f"{lone_eager / lone_graphs:.1f}× lower" in benchmarks  # "a median 2.5× lower"
+
+
+def test_the_h100_cuda_graphs_figures_quoted_are_the_committed_run():
+    folder = DOCS / "bench-gpu-h100-graphs"
+    run = json.loads((folder / "benchmark.json").read_text())
+    assert "NVIDIA H100 80GB HBM3 (CUDA" in (folder / "benchmark.md").read_text().splitlines()[0]
+    assert run["settings"]["max_batch_tokens"] == {"pytorch-graphs": 0, "pytorch": 65536}  # planned by cost; 1 pass
+    cells = {(c["backend"], c["concurrency"]): c for c in run["served"] if c["workers"] == 8}
+    readme, benchmarks = _one_line(REPO / "README.md"), _one_line(DOCS / "benchmarks.md")
+    graphs, eager = cells["pytorch-graphs", 1024]["rps"], cells["pytorch", 1024]["rps"]
+    ratio = graphs / eager
+    assert f"served **{graphs:,.0f}** requests/s at 1,024 clients, {ratio:.2f}× eager passes' {eager:,.0f}" in readme
+    assert f"they served {graphs / eager:.2f}× eager's requests ({graphs:,.0f} against {eager:,.0f})" in benchmarks
+    at_256 = cells["pytorch-graphs", 256]["rps"], cells["pytorch", 256]["rps"]
+    for text in (readme, benchmarks):
+        assert f"{at_256[0] / at_256[1]:.2f}× at 256 clients ({at_256[0]:,.0f} against {at_256[1]:,.0f})" in text \
+            or f"{at_256[0] / at_256[1]:.2f}× ({at_256[0]:,.0f} against {at_256[1]:,.0f})" in text  # fmt: skip
+    lone_graphs, lone_eager = cells["pytorch-graphs", 1]["p50_ms"], cells["pytorch", 1]["p50_ms"]
+    assert f"a lone client at a median {lone_graphs:.1f} ms against {lone_eager:.1f}" in readme
+    checked = sum(c["answers_checked"] for c in run["served"])
+    assert sum(c["answers_wrong"] for c in run["served"]) == 0
+    assert f"none of {checked:,} wrong" in readme and f"0 wrong of {checked:,}" in benchmarks
+    for backend, concurrency in cells:
+        cell = cells[backend, concurrency]
+        column = f"**{cell['rps']:,.0f}**" if backend == "pytorch-graphs" and concurrency > 1 else f"{cell['rps']:,.0f}"
+        assert column in benchmarks, (backend, concurrency)
+    ceilings = {c["planning"]: c for c in run["ceilings"] if c["backend"] == "pytorch-graphs"}
+    measured, padded = ceilings["measured_cost"]["texts_per_s"], ceilings["pad_to_longest"]["texts_per_s"]
+    in_one_process = f"did {measured:,.0f} texts/s planned by measured times and {padded:,.0f} in one pass per batch"
+    assert in_one_process in benchmarks
+    [target] = [t for t in run["targets"] if t["target"].startswith("H100: the handler in-process")]
+    assert target["measured"] == measured and target["met"] is False
