@@ -38,7 +38,7 @@ ACROSS_PASSES = 1e-3
 # Random heads and other families, replayed against eager, differed by up to 1.3e-3 (a raw regression score) and
 # 4.0e-4 (probabilities) on an H100 (2026-11-28), where the same checkpoints' float32 on a CPU is within 8e-7 of
 # float64: on that host at least one of its two float32 paths is not exact to float32's rounding (which one, not
-# yet measured: the assertion's message says). So each path is held to the float64 answer: the graphs may be off
+# yet measured: each test prints both, -rA shows it). So each path is held to the float64 answer: the graphs may be off
 # by EAGER_ERROR_FACTOR times what eager passes are off on the same host, plus TOLERANCE. A wrong score function,
 # token type or row is off by tenths.
 EAGER_ERROR_FACTOR = 4
@@ -62,6 +62,11 @@ def assert_replayed_as_accurately_as_eager(checkpoint, eager, graphed, encodings
     replayed, alone = graphed.forward(encodings), eager.forward(encodings)
     assert replayed.shape == alone.shape == exact.shape
     eager_error, graphs_error = float(np.abs(alone - exact).max()), float(np.abs(replayed - exact).max())
+    # Which path is off, passed or failed: pytest -rA shows it.
+    print(
+        f"float32 on {eager.description.split(' (')[0]} against float64 on the CPU: eager passes off by "
+        f"{eager_error:.2e}, graphs by {graphs_error:.2e}"
+    )
     assert graphs_error <= EAGER_ERROR_FACTOR * eager_error + TOLERANCE, (
         f"against float64: graphs off by {graphs_error:.2e}, eager passes by {eager_error:.2e}"
     )
