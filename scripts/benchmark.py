@@ -46,6 +46,7 @@ from handlers.options import HandlerOptions
 from tooling.archiving import add_handler_option_argument
 from tooling.bench.backends import BACKENDS, parse_backends, parse_backends_or_none, prepare_backends
 from tooling.bench.ceilings import (
+    HANDLER_WAYS,
     TOKENIZATION_WAYS,
     ceilings,
     sweep_max_batch_tokens,
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace, argv: list[str] | None, overrides: dict, optio
         sizes = sorted({1, 8, args.batch_size})
         for row in tokenization_speed(checkpoint, texts, sizes, HandlerOptions.from_mapping(options)):
             times = [row[f"{way}_us_per_text"] for way in TOKENIZATION_WAYS]
-            ratios = [row[f"{way}_speed_up_over_rust_batch_call"] for way in TOKENIZATION_WAYS[:3]]
+            ratios = [row[f"{way}_speed_up_over_rust_batch_call"] for way in HANDLER_WAYS]
             cells = [f"{t:.1f}" for t in times] + [", ".join(f"{r:.2f}x" for r in ratios)]
             print(f"| {row['corpus']} | {row['batch_size']} | " + " | ".join(cells) + " |", flush=True)
         return 0

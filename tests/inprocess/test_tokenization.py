@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from handlers.ascii_normalization import MAX_ADDED_TOKENS, AsciiShortcut
 from handlers.tokenization import TextEncoder, encode, text_encoder
 from handlers.word_pieces import CACHED_WORDS, LONGEST_CACHED_WORD, word_pieces
+from tooling.bench.ceilings import remember_other_words
 from tooling.bench.corpus import other_words
 from tooling.checkpoints import build_random_family_classifier
 
@@ -181,9 +182,8 @@ def test_a_worker_whose_words_change_forgets_the_least_recently_used(tiny_checkp
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
     encoder = text_encoder(tokenizer, 256)
     remembered = encoder.words.remembered
+    remember_other_words(encoder)
     filler = other_words(CACHED_WORDS)
-    for start in range(0, len(filler), 100):
-        encode(encoder, [" ".join(filler[start : start + 100])])
     assert remembered.cache_info().currsize == CACHED_WORDS
     texts = ["a fine hotel room indeed", " ".join(filler[-3:])]
     assert encode(encoder, texts) == through_the_wrapper(tokenizer, texts, 256)
@@ -291,7 +291,7 @@ def test_no_text_is_no_encoding(tokenizer):
 
 
 def test_the_benchmark_times_each_way_at_each_batch_size_on_each_corpus(tiny_checkpoint):
-    from tooling.bench.ceilings import TOKENIZATION_WAYS, tokenization_speed
+    from tooling.bench.ceilings import HANDLER_WAYS, TOKENIZATION_WAYS, tokenization_speed
     from tooling.bench.corpus import build_corpus, with_every_word_new
 
     texts = build_corpus(32)
@@ -301,7 +301,7 @@ def test_the_benchmark_times_each_way_at_each_batch_size_on_each_corpus(tiny_che
     ]  # fmt: skip
     for row in rows:  # timings only: which way is faster is the benchmark's to print, not a test's to require
         assert all(row[f"{way}_us_per_text"] > 0 for way in TOKENIZATION_WAYS)
-        for way in ("handler", "handler_empty_cache", "handler_full_cache"):
+        for way in HANDLER_WAYS:
             ratio = row["rust_batch_call_us_per_text"] / row[f"{way}_us_per_text"]
             assert row[f"{way}_speed_up_over_rust_batch_call"] == ratio
     # Every word of the second corpus is new: none of its words is a word of the first, and no two are the same.

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from handlers.loading import LoadedModel, load_model, load_tokenizer
 from handlers.options import HandlerOptions
+from handlers.tokenization import TextEncoder, encode, text_encoder
 from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import gpu_id_of, release, synchronize
 from tooling.bench.loadgen import percentile_ms
@@ -133,7 +134,6 @@ def plan_statistics(model: LoadedModel, texts: Sequence[str], batch_size: int) -
     (handlers/pipeline.plan, with its planner: by measured cost under CUDA graphs), so the figures are what its
     metrics report, not a copy of its rules. Called on a model already loaded: nothing more is loaded for it."""
     from handlers.pipeline import plan
-    from handlers.tokenization import encode
 
     real = padded = passes = batches = 0
     for i in range(0, len(texts), batch_size):
@@ -282,7 +282,6 @@ def worst_batch_seconds(
     repeats: int = 3,
 ) -> list[float]:
     """Forward time of a full batch at the token cap through the backend's forward pass: what responseTimeout covers."""
-    from handlers.tokenization import encode, text_encoder
 
     model = _served(prepared, options, device, batch_size)
     forward = model.forward
@@ -298,14 +297,21 @@ def worst_batch_seconds(
     return times
 
 
-TOKENIZATION_WAYS = (
-    "handler",
-    "handler_empty_cache",
-    "handler_full_cache",
-    "rust_batch_call",
-    "rust_whole_tokenizer",
-    "wrapper_two_passes",
-)
+# The handler's tokenization as a worker meets it: as it is, newly loaded, after many other words.
+HANDLER_WAYS = ("handler", "handler_empty_cache", "handler_full_cache")
+TOKENIZATION_WAYS = (*HANDLER_WAYS, "rust_batch_call", "rust_whole_tokenizer", "wrapper_two_passes")
+
+
+def remember_other_words(encoder: TextEncoder) -> TextEncoder:
+    """`encoder` after traffic of as many other words as its word path remembers (tooling/bench/corpus.other_words),
+    sent through the handler's own call a hundred words a text: a worker whose words changed."""
+    from handlers.word_pieces import CACHED_WORDS
+    from tooling.bench.corpus import other_words
+
+    filler = other_words(CACHED_WORDS)
+    for start in range(0, len(filler), 100):
+        encode(encoder, [" ".join(filler[start : start + 100])])
+    return encoder
 
 
 def tokenization_speed(
@@ -327,24 +333,19 @@ def tokenization_speed(
     import statistics
 
     from handlers.instances import TextPair
-    from handlers.tokenization import TextEncoder, encode
-    from handlers.word_pieces import CACHED_WORDS, word_pieces
-    from tooling.bench.corpus import other_words, with_every_word_new
+    from handlers.word_pieces import word_pieces
+    from tooling.bench.corpus import with_every_word_new
 
     encoder = load_tokenizer(model_dir, options or HandlerOptions()).encoder  # the handler's; no weights needed
     max_length = encoder.max_length
 
-    def full_cache() -> TextEncoder:
-        filled = dataclasses.replace(encoder, words=word_pieces(encoder.fast, max_length))
-        filler = other_words(CACHED_WORDS)
-        for start in range(0, len(filler), 100):  # through the handler's own call, as traffic fills it
-            encode(filled, [" ".join(filler[start : start + 100])])
-        return filled
+    def newly_loaded() -> TextEncoder:
+        return dataclasses.replace(encoder, words=word_pieces(encoder.fast, max_length))
 
     ways: dict[str, Callable[[], TextEncoder]] = {
         "handler": lambda: encoder,
-        "handler_empty_cache": lambda: dataclasses.replace(encoder, words=word_pieces(encoder.fast, max_length)),
-        "handler_full_cache": full_cache,
+        "handler_empty_cache": newly_loaded,
+        "handler_full_cache": lambda: remember_other_words(newly_loaded()),
         "rust_batch_call": lambda: dataclasses.replace(encoder, words=None),
         "rust_whole_tokenizer": lambda: dataclasses.replace(encoder, ascii=None, words=None),
         "wrapper_two_passes": lambda: TextEncoder(encoder.tokenizer, encoder.max_length),
@@ -366,7 +367,7 @@ def tokenization_speed(
             row = {"corpus": corpus, "batch_size": batch_size}
             row.update({f"{name}_us_per_text": statistics.median(t) for name, t in times.items()})
             before = row["rust_batch_call_us_per_text"]
-            for name in ("handler", "handler_empty_cache", "handler_full_cache"):
+            for name in HANDLER_WAYS:
                 row[f"{name}_speed_up_over_rust_batch_call"] = before / row[f"{name}_us_per_text"]
             rows.append(row)
     return rows
