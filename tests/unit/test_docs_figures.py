@@ -75,6 +75,18 @@ def test_the_cuda_graphs_figures_quoted_are_the_committed_h200_runs():
     assert f"{lone_eager / lone_graphs:.1f}× lower" in benchmarks  # "a median 2.5× lower"
 
 
+def _ms(value: float) -> str:
+    """A latency as the tables write it: one decimal under 100 ms, whole milliseconds from there."""
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _h100_table_row(clients: int) -> list[str]:
+    """The cells of the served table's row for `clients` in benchmarks.md's "The H100 run", bold marks dropped."""
+    section = (DOCS / "benchmarks.md").read_text(encoding="utf-8").split("#### The H100 run", 1)[1].split("\n#", 1)[0]
+    [row] = [line for line in section.splitlines() if line.startswith(f"| {clients:,} |")]
+    return [cell.strip().replace("**", "") for cell in row.strip().strip("|").split("|")]
+
+
 def test_the_h100_cuda_graphs_figures_quoted_are_the_committed_run():
     folder = DOCS / "bench-gpu-h100-graphs"
     run = json.loads((folder / "benchmark.json").read_text())
@@ -95,10 +107,19 @@ def test_the_h100_cuda_graphs_figures_quoted_are_the_committed_run():
     checked = sum(c["answers_checked"] for c in run["served"])
     assert sum(c["answers_wrong"] for c in run["served"]) == 0
     assert f"none of {checked:,} wrong" in readme and f"0 wrong of {checked:,}" in benchmarks
-    for backend, concurrency in cells:
-        cell = cells[backend, concurrency]
-        column = f"**{cell['rps']:,.0f}**" if backend == "pytorch-graphs" and concurrency > 1 else f"{cell['rps']:,.0f}"
-        assert column in benchmarks, (backend, concurrency)
+    for concurrency in sorted({c for _, c in cells}):
+        graphs_cell, eager_cell = cells["pytorch-graphs", concurrency], cells["pytorch", concurrency]
+        assert _h100_table_row(concurrency) == [
+            f"{concurrency:,}",
+            f"{graphs_cell['rps']:,.0f}",
+            f"{eager_cell['rps']:,.0f}",
+            f"{_ms(graphs_cell['p50_ms'])} / {_ms(graphs_cell['p99_ms'])}",
+            f"{_ms(eager_cell['p50_ms'])} / {_ms(eager_cell['p99_ms'])}",
+            f"{graphs_cell['forward_ms_per_batch']:.1f} ({graphs_cell['forward_passes_per_batch']:.2g})",
+            f"{eager_cell['forward_ms_per_batch']:.1f}",
+            f"{graphs_cell['padding_waste']:.2f}",
+            f"{eager_cell['padding_waste']:.2f}",
+        ], concurrency
     ceilings = {c["planning"]: c for c in run["ceilings"] if c["backend"] == "pytorch-graphs"}
     measured, padded = ceilings["measured_cost"]["texts_per_s"], ceilings["pad_to_longest"]["texts_per_s"]
     in_one_process = f"did {measured:,.0f} texts/s planned by measured times and {padded:,.0f} in one pass per batch"
