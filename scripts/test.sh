@@ -6,4 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# OpenMP threads (PyTorch's pools, in the test processes and in the TorchServe workers they start) wait for work
+# without spinning: two test processes share two cores, and a pool spinning beside the other took the 2,000-request
+# test from 18 s alone to 84 s beside two busy cores, 24 s with PASSIVE (docs/development.md, "Tests").
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile "$@"
