@@ -75,9 +75,7 @@ def test_two_thousand_concurrent_requests_each_get_their_own_answer(
     texts, alone = distinguishable_texts(loaded_handler, unpacked_model_dir, candidate_texts(), 2000, 3 * TOLERANCE)
     assert len(set(texts)) == 2000
     assert smallest_gap(alone) > 2 * TOLERANCE
-    # One thread per pool, as the set-up's CPU archive: the suite runs two test processes on two cores, and a worker
-    # with a pool of both cores' threads beside the other process's test took 84 s here, against 41 with one.
-    archive = make_archive(tiny_checkpoint, "tiny-load", cpu_threads=1)
+    archive = make_archive(tiny_checkpoint, "tiny-load")
     assert torchserve.register(archive, batch_size=8, max_batch_delay=5).status_code == 200
     try:
         session_per_thread = threading.local()

@@ -13,18 +13,23 @@ use) meets most shapes for the first time in its process, the second (`second_pa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
+import statistics
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from handlers.instances import TextPair
 from handlers.loading import LoadedModel, load_model, load_tokenizer
 from handlers.options import HandlerOptions
 from handlers.tokenization import TextEncoder, encode, text_encoder
+from handlers.word_pieces import CACHED_WORDS, word_pieces
 from tooling.bench.backends import PreparedBackend
+from tooling.bench.corpus import other_words, with_every_word_new
 from tooling.bench.device import gpu_id_of, release, synchronize
 from tooling.bench.loadgen import percentile_ms
 from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
@@ -169,7 +174,7 @@ def handler_ceiling(
             run(batch)
         first, second = (timed_pass(run, batches, device) for _ in range(2))
         served: LoadedModel = handler.served
-        statistics = plan_statistics(served, texts, batch_size)
+        planned = plan_statistics(served, texts, batch_size)
         budget = served.options.max_batch_tokens  # as the handler resolved it for the device and backend
         del run, handler, served
     gc.collect()
@@ -181,7 +186,7 @@ def handler_ceiling(
         "planning": planning_of(budget),
         "texts_per_s": len(texts) / sum(first),
         **second_pass(len(texts), second),
-        **statistics,
+        **planned,
     }
 
 
@@ -305,9 +310,6 @@ TOKENIZATION_WAYS = (*HANDLER_WAYS, "rust_batch_call", "rust_whole_tokenizer", "
 def remember_other_words(encoder: TextEncoder) -> TextEncoder:
     """`encoder` after traffic of as many other words as its word path remembers (tooling/bench/corpus.other_words),
     sent through the handler's own call a hundred words a text: a worker whose words changed."""
-    from handlers.word_pieces import CACHED_WORDS
-    from tooling.bench.corpus import other_words
-
     filler = other_words(CACHED_WORDS)
     for start in range(0, len(filler), 100):
         encode(encoder, [" ".join(filler[start : start + 100])])
@@ -329,13 +331,6 @@ def tokenization_speed(
     takes). On three corpora: `texts` (`corpus` "benchmark"), the same texts with every word new ("every_word_new",
     tooling/bench/corpus.with_every_word_new), and pairs of them, each text with the next ("pairs"). `options` as
     the archive's: cpu_threads sizes the tokenizer's pool (the process's first load fixes it)."""
-    import dataclasses
-    import statistics
-
-    from handlers.instances import TextPair
-    from handlers.word_pieces import word_pieces
-    from tooling.bench.corpus import with_every_word_new
-
     encoder = load_tokenizer(model_dir, options or HandlerOptions()).encoder  # the handler's; no weights needed
     max_length = encoder.max_length
 
