@@ -4,11 +4,12 @@ PYTHON is a stand-in whose `-m venv` makes a fake .venv the way `python -m venv`
 then pip: VENV_FAILS stops it before pip, as a missing python3.11-venv or a Ctrl-C would); anything else it hands to
 the real interpreter. The fake .venv's python answers `-m pip` only once pip is there, and archives by touching
 model_store/bert.mar (ARCHIVE_FAILS: then fails, as an interrupted archiving would). Every call is logged. Nothing
-here touches the repository's .venv or model_store.
+here touches the repository's .venv or model_store; the last test reads what the real set-up left in .venv.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -167,3 +168,16 @@ def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_no
     again = setup(checkout)
     assert again.returncode == 0 and "==> archiving model_store/bert.mar" in again.stdout, again.stdout
     assert stamp.read_text() == f"{CPU_ARCHIVE}\n"
+
+
+def test_the_set_up_byte_compiles_modules_that_nothing_imports():
+    """The set-up byte-compiles what it installs (pip's default, kept on purpose: scripts/setup.sh). Where
+    PYTHONDONTWRITEBYTECODE is set, as on this project's machines, nothing else writes the .pyc files, and every
+    process would compile torch anew (the suite took 1.5x as long). Read on TorchServe's stock handlers for images
+    and LLMs, which nothing here imports (so no test process wrote their byte code), in this checkout's .venv:
+    TorchServe is installed there on every kind of host, a kept torch not."""
+    [ts] = importlib.util.find_spec("ts").submodule_search_locations
+    sources = sorted(Path(ts, "torch_handler").glob("*.py"))
+    assert len(sources) > 10, sources
+    missing = [source.name for source in sources if not Path(importlib.util.cache_from_source(str(source))).is_file()]
+    assert not missing, f"no byte code beside {missing} in {Path(ts, 'torch_handler')}: did the set-up compile?"
