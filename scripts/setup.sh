@@ -88,7 +88,8 @@ if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # Byte-compiled at install (torch: about 35 s), not skipped: where PYTHONDONTWRITEBYTECODE is set, as on
   # this project's machines, nothing else writes the .pyc files, and every process would compile torch from
-  # source at each start (measured: the suite took 1.5x as long).
+  # source at each start (measured: the suite took 1.5x as long). By pip, as it installs: --no-compile then
+  # compileall on every core saved nothing side by side on 2 cores (2026-11-28, tests/unit/test_setup_sh.py).
   if [ "$TORCH_SPEC" != keep ]; then
     .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"
   fi
