@@ -88,8 +88,9 @@ if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # Byte-compiled at install (torch: about 35 s), not skipped: where PYTHONDONTWRITEBYTECODE is set, as on
   # this project's machines, nothing else writes the .pyc files, and every process would compile torch from
-  # source at each start (measured: the suite took 1.5x as long). By pip, as it installs: --no-compile then
-  # compileall on every core saved nothing side by side on 2 cores (2026-11-28, tests/unit/test_setup_sh.py).
+  # source at each start (measured: the suite took 1.5x as long; tests/unit/test_setup_sh.py holds it). By pip,
+  # as it installs: --no-compile then compileall on every core saved nothing on 2 cores (2026-11-28, a fresh venv
+  # each, alternated: pip compiling 91.8 and 128.0 s, compiling after it 105.5 and 117.0 s).
   if [ "$TORCH_SPEC" != keep ]; then
     .venv/bin/python -m pip install --quiet --constraint requirements.lock "$TORCH_SPEC"
   fi

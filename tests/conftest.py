@@ -18,9 +18,9 @@ from tooling.inprocess import load_handler, unpacked_layout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # OpenMP threads (PyTorch's pools, in the test processes and in the TorchServe workers they start, which inherit
 # this) wait for work without spinning: scripts/test.sh runs two test processes on CI's two cores, and a pool
-# spinning beside the other process's test took the 2,000-request test from 18 s alone to 84 s beside two busy
-# cores, 24 s passive (docs/development.md, "Tests"). Set here, before anything imports torch (libgomp reads it
-# once, as torch loads), so it holds however the suite is run; an OMP_WAIT_POLICY already set is kept.
+# spinning beside the other process's test stole the cores it waited on (figures: docs/development.md, "Tests").
+# Set here, before anything imports torch (libgomp reads it once, as torch loads), so it holds however the suite
+# is run; an OMP_WAIT_POLICY already set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

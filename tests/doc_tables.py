@@ -17,3 +17,11 @@ def documented_metrics(guide: str | None = None) -> dict[str, tuple[str, tuple[s
         name: (kind, tuple(label.strip() for label in labels.split(",") if label.strip()))
         for name, labels, kind in rows
     }
+
+
+def table_row(guide: str, section: str, first_cell: str) -> list[str]:
+    """The cells of the one row that starts with `first_cell` in the tables under the heading `section` of a
+    guide's text (up to the next heading), bold marks dropped."""
+    body = guide.split(section, 1)[1].split("\n#", 1)[0]
+    [row] = [line for line in body.splitlines() if line.startswith(f"| {first_cell} |")]
+    return [cell.strip().replace("**", "") for cell in row.strip().strip("|").split("|")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from tests.doc_tables import table_row
 from tooling.paths import REPO
 
 DOCS = REPO / "docs"
@@ -80,13 +81,6 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
-def _h100_table_row(clients: int) -> list[str]:
-    """The cells of the served table's row for `clients` in benchmarks.md's "The H100 run", bold marks dropped."""
-    section = (DOCS / "benchmarks.md").read_text(encoding="utf-8").split("#### The H100 run", 1)[1].split("\n#", 1)[0]
-    [row] = [line for line in section.splitlines() if line.startswith(f"| {clients:,} |")]
-    return [cell.strip().replace("**", "") for cell in row.strip().strip("|").split("|")]
-
-
 def test_the_h100_cuda_graphs_figures_quoted_are_the_committed_run():
     folder = DOCS / "bench-gpu-h100-graphs"
     run = json.loads((folder / "benchmark.json").read_text())
@@ -107,9 +101,10 @@ def test_the_h100_cuda_graphs_figures_quoted_are_the_committed_run():
     checked = sum(c["answers_checked"] for c in run["served"])
     assert sum(c["answers_wrong"] for c in run["served"]) == 0
     assert f"none of {checked:,} wrong" in readme and f"0 wrong of {checked:,}" in benchmarks
+    guide = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
     for concurrency in sorted({c for _, c in cells}):
         graphs_cell, eager_cell = cells["pytorch-graphs", concurrency], cells["pytorch", concurrency]
-        assert _h100_table_row(concurrency) == [
+        assert table_row(guide, "#### The H100 run", f"{concurrency:,}") == [
             f"{concurrency:,}",
             f"{graphs_cell['rps']:,.0f}",
             f"{eager_cell['rps']:,.0f}",
