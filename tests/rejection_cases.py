@@ -30,7 +30,7 @@ REJECTED_BODIES: list[tuple[bytes, str, int, str]] = [
     (b'{"text": "a query", "text_pair": 7}', JSON, 400, "WrongType"),  # the second text of a pair
     (b'{"text": "a query", "text_pair": " "}', JSON, 400, "EmptyText"),
     (b'{"text": "", "text_pair": "a passage"}', JSON, 400, "EmptyText"),
-    (b'{"text": "a query", "text_pair": "\udc00"}', JSON, 400, "InvalidUnicode"),
+    (b'{"text": "a query", "text_pair": "\\udc00"}', JSON, 400, "InvalidUnicode"),
     (b'{"text": "unterminated', JSON, 400, "MalformedJSON"),
     (b"not json at all", JSON, 400, "MalformedJSON"),
     (b"[" * 50_000, JSON, 400, "MalformedJSON"),  # nesting deep enough to hit the recursion limit
