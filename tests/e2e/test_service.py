@@ -53,6 +53,23 @@ def test_registration_with_only_url_and_batching_gives_one_worker_per_core(torch
         torchserve.unregister("tiny-default-workers")
 
 
+def test_workers_start_without_writing_to_their_error_stream(torchserve, tiny_checkpoint, make_archive):
+    """TorchServe logs each line of a worker's stderr as a WARN in model_log.log: at a clean start there is none, so
+    each one an operator finds there is worth reading. (pynvml 13, which nvgpu pulls in, wrote a FutureWarning there
+    on torch's import, two lines at every worker start: pyproject.toml pins the release that does not.)"""
+    archive = make_archive(tiny_checkpoint, "quiet-start")
+    assert torchserve.register(archive, initial_workers=2).status_code == 200
+    try:
+        assert torchserve.predict("quiet-start", "a text to label").status_code == 200
+        lines = [
+            line for line in (torchserve.log_dir / "model_log.log").read_text().splitlines() if "-quiet-start_" in line
+        ]
+        assert sum("-stdout" in line for line in lines) >= 2, "the two workers' own lines are not in this log"
+        assert [line for line in lines if "-stderr" in line] == []
+    finally:
+        torchserve.unregister("quiet-start")
+
+
 def test_concurrent_mixed_requests_each_get_their_own_answer(
     torchserve, tiny_model, loaded_handler, unpacked_model_dir
 ):
