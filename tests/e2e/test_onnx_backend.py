@@ -5,6 +5,7 @@ shared pipeline (validation, bisection) on the ONNX path, and the export's refus
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -77,6 +78,28 @@ def onnx_model(request, torchserve, model_store, tiny_checkpoint, tmp_path_facto
     model_dir = unpacked_layout(checkpoint, tmp_path_factory.mktemp(f"pytorch-{family}"))
     yield OnnxModel(name, exported, load_handler(model_dir), model_dir)
     torchserve.unregister(name)
+
+
+def test_an_export_prints_its_progress_and_no_warning(tiny_checkpoint, tmp_path, recwarn):
+    """What scripts/archive_model.py (and README command 1's set-up) shows of an export: its steps, no warning. The
+    exporter's notices about nothing in the model are hidden one by one (tooling/onnx_export.py); a new one fails here.
+    torch's loggers print through torch's own handler, which pytest's capture does not see: a handler of the test's
+    on torch.onnx receives what that handler would print."""
+    from tooling.onnx_export import export_checkpoint
+
+    logged: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.WARNING)
+    collector.emit = logged.append  # type: ignore[method-assign]
+    exporter_logs = logging.getLogger("torch.onnx")
+    exporter_logs.addHandler(collector)
+    steps: list[str] = []
+    try:
+        export_checkpoint(tiny_checkpoint, tmp_path / "model", progress=steps.append)
+    finally:
+        exporter_logs.removeHandler(collector)
+    assert any(step.startswith("parity:") for step in steps), steps
+    assert [f"{w.category.__name__}: {w.message}" for w in recwarn] == []
+    assert [f"{r.name}: {r.getMessage()}" for r in logged] == []
 
 
 def test_the_archive_holds_the_graph_and_no_pytorch_weights(onnx_model, model_store, torchserve):
