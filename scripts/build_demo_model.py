@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tooling.demo_model import AccuracyTooLow, TrainingSettings, build_demo_model
+from tooling.demo_model import AccuracyTooLow, NotTheExpectedBase, TrainingSettings, build_demo_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     force = args.pop("force")
     try:
         build_demo_model(TrainingSettings(**args), force=force)
-    except AccuracyTooLow as exc:
+    except (AccuracyTooLow, NotTheExpectedBase) as exc:
         print(f"build_demo_model: {exc}", file=sys.stderr)
         return 1
     return 0

