@@ -16,10 +16,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from tooling.corpus import LABELS, read_examples, split
 from tooling.paths import DATA, DEMO_MODEL
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class AccuracyTooLow(RuntimeError):
@@ -40,7 +43,7 @@ class _WithoutLoadReport(logging.Filter):
         return "LOAD REPORT" not in record.getMessage()
 
 
-def new_head_on(source: Path):
+def new_head_on(source: Path) -> PreTrainedModel:
     """`source`'s encoder under a new two-label head, every other weight from the checkpoint, or NotTheExpectedBase.
 
     transformers logs a table of the weights it did not find (the head, MISSING, with advice to train it) at every

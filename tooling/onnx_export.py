@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -221,7 +221,7 @@ class _TorchvisionSkipped(logging.Filter):
 
 
 @contextlib.contextmanager
-def _without_the_exporters_notices():
+def _without_the_exporters_notices() -> Iterator[None]:
     """torch.onnx's exporter (torch 2.13) tells every export of any model, on stderr, that torchvision's operators are
     skipped (torchvision is not installed: BERT uses none), that its own pytree code calls a deprecated LeafSpec check,
     and that each dynamic axis given to several inputs keeps one name: eight lines of warnings in README command 1's
