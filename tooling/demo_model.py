@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from tooling.corpus import LABELS, read_examples, split
+from tooling.log_filters import without_message
 from tooling.paths import DATA, DEMO_MODEL
 
 if TYPE_CHECKING:
@@ -38,11 +39,6 @@ class NotTheExpectedBase(RuntimeError):
 NEW_HEAD = ("classifier.bias", "classifier.weight")
 
 
-class _WithoutLoadReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in record.getMessage()
-
-
 def new_head_on(source: Path) -> PreTrainedModel:
     """`source`'s encoder under a new two-label head, every other weight from the checkpoint, or NotTheExpectedBase.
 
@@ -51,10 +47,7 @@ def new_head_on(source: Path) -> PreTrainedModel:
     by its level: transformers 5.23 reads that logger's level to decide whether to run other checks."""
     from transformers import AutoModelForSequenceClassification
 
-    report = logging.getLogger("transformers.modeling_utils")
-    hidden = _WithoutLoadReport()
-    report.addFilter(hidden)
-    try:
+    with without_message(logging.getLogger("transformers.modeling_utils"), "LOAD REPORT"):
         model, info = AutoModelForSequenceClassification.from_pretrained(
             source,
             local_files_only=True,
@@ -63,8 +56,6 @@ def new_head_on(source: Path) -> PreTrainedModel:
             label2id={label: i for i, label in enumerate(LABELS)},
             output_loading_info=True,
         )
-    finally:
-        report.removeFilter(hidden)
     found = {
         "missing": sorted(info["missing_keys"]),
         "unused": sorted(info["unexpected_keys"]),

@@ -37,6 +37,7 @@ from handlers.onnx_forward import EXPORT_METADATA_KEY, ONNX_FILE
 from handlers.options import HandlerOptions
 from handlers.scores import RAW, SIGMOID, SOFTMAX, apply
 from handlers.tokenization import TextEncoder
+from tooling.log_filters import without_message
 
 PARITY_TOLERANCE = 1e-4
 DEFAULT_MIN_AGREEMENT = 0.99
@@ -215,11 +216,6 @@ def served_probabilities(model: LoadedModel, texts: Sequence[Instance]) -> np.nd
 # ---- export -------------------------------------------------------------------------------------------
 
 
-class _TorchvisionSkipped(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("torchvision is not installed")
-
-
 @contextlib.contextmanager
 def _without_the_exporters_notices() -> Iterator[None]:
     """torch.onnx's exporter (torch 2.13) tells every export of any model, on stderr, that torchvision's operators are
@@ -228,15 +224,10 @@ def _without_the_exporters_notices() -> Iterator[None]:
     set-up that are about neither the model nor the export. Each is hidden by its own message; any other warning of
     the exporter still shows (tests/e2e/test_onnx_backend.py, the export's output)."""
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    skipped = _TorchvisionSkipped()
-    registration.addFilter(skipped)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
-            warnings.filterwarnings("ignore", r"# The axis name: \w+ will not be used", UserWarning)
-            yield
-    finally:
-        registration.removeFilter(skipped)
+    with without_message(registration, "torchvision is not installed"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+        warnings.filterwarnings("ignore", r"# The axis name: \w+ will not be used", UserWarning)
+        yield
 
 
 def _export_graph(checkpoint: Path, reference: LoadedModel, path: Path) -> list[str]:
@@ -300,7 +291,13 @@ def _quantize_int8(source: Path, target: Path) -> None:
     del model.graph.value_info[:]
     # Dynamic quantization of the MatMul weights (per output channel); activations are
     # quantized on the fly, embeddings, LayerNorm and softmax stay float32.
-    quantize_dynamic(model, str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+    # onnxruntime advises, on the root logger, pre-processing first (quant_pre_process): tried, it gained nothing here
+    # and its shape inference fails on the dynamo graph (docs/benchmarks.md, "No pre-processing before quantizing"),
+    # so the advice is not taken and its line is not printed.
+    with without_message(logging.getLogger(), "Please consider to run pre-processing before quantization"):
+        quantize_dynamic(
+            model, str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+        )
 
 
 def _write_metadata(path: Path, record: ExportRecord) -> None:
