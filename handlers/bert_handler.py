@@ -52,6 +52,11 @@ class BertSequenceClassifierHandler(BaseHandler):
         os.environ["TS_DECODE_INPUT_REQUEST"] = "false"
         # The checkpoint is inside the archive; never reach for a model hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # TorchServe logs each line of a worker's stderr as a WARN in model_log.log: no progress bar there
+        # (from_pretrained draws one at every load), so that each line an operator finds there is worth reading.
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
         properties = context.system_properties
         self.manifest = context.manifest
         self.model_name = getattr(context, "model_name", None) or "model"

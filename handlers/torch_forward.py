@@ -189,11 +189,7 @@ def load_torch_forward(
     tokenizer can produce (len(tokenizer)); a model that embeds fewer is refused
     (handlers/loading.refuse_unembeddable_vocabulary)."""
     from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as transformers_logging
 
-    # from_pretrained draws a "Loading weights" progress bar on stderr, which TorchServe logs line by line as
-    # WARN in model_log.log at every worker start: a worker's error stream is for what an operator must read.
-    transformers_logging.disable_progress_bar()
     device = select_device(gpu_id)
     graphed = options.cuda_graphs and device.type == "cuda"
     if graphed:

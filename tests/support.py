@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,24 @@ def port_share(index: int, count: int) -> tuple[int, int]:
 
     size = (_ephemeral_low() - LOWEST_PORT) // count
     return LOWEST_PORT + index * size, LOWEST_PORT + (index + 1) * size
+
+
+@contextlib.contextmanager
+def logged_warnings(*names: str) -> Iterator[list[logging.LogRecord]]:
+    """The records at WARNING or above that reach the loggers `names` ("" the root) while in the block: what their
+    handlers would print. torch's and transformers' loggers end at handlers of their own, which pytest's capture
+    does not see (caplog reads the root's)."""
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.WARNING)
+    collector.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in names]
+    for logger in loggers:
+        logger.addHandler(collector)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(collector)
 
 
 def umask_of(pid: int) -> str:

@@ -220,9 +220,9 @@ def served_probabilities(model: LoadedModel, texts: Sequence[Instance]) -> np.nd
 def _without_the_exporters_notices() -> Iterator[None]:
     """torch.onnx's exporter (torch 2.13) tells every export of any model, on stderr, that torchvision's operators are
     skipped (torchvision is not installed: BERT uses none), that its own pytree code calls a deprecated LeafSpec check,
-    and that each dynamic axis given to several inputs keeps one name: eight lines of warnings in README command 1's
-    set-up that are about neither the model nor the export. Each is hidden by its own message; any other warning of
-    the exporter still shows (tests/e2e/test_onnx_backend.py, the export's output)."""
+    and that each dynamic axis given to several inputs keeps one name: seven warnings in README command 1's set-up
+    (four of them torchvision's), about neither the model nor the export. Each is hidden by its own message; any
+    other warning of the exporter still shows (tests/e2e/test_onnx_backend.py, the export's output)."""
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     with without_message(registration, "torchvision is not installed"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)

@@ -5,7 +5,6 @@ shared pipeline (validation, bisection) on the ONNX path, and the export's refus
 from __future__ import annotations
 
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from handlers.onnx_forward import ONNX_FILE
 from tests.answers import assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
+from tests.support import logged_warnings
 from tooling.archiving import build_archive, write_model_config
 from tooling.inprocess import load_handler, unpacked_layout
 from tooling.paths import REPO
@@ -88,19 +88,10 @@ def test_an_export_prints_its_progress_and_no_warning(quantize, tiny_checkpoint,
     onnxruntime's quantizer logs on the root logger: a handler of the test's on both receives what would be printed."""
     from tooling.onnx_export import export_checkpoint
 
-    logged: list[logging.LogRecord] = []
-    collector = logging.Handler(logging.WARNING)
-    collector.emit = logged.append  # type: ignore[method-assign]
-    loggers = [logging.getLogger("torch.onnx"), logging.getLogger()]
-    for logger in loggers:
-        logger.addHandler(collector)
     steps: list[str] = []
     gate = {"min_agreement": 0.0} if quantize else {}  # what is printed, not how well the tiny model quantizes
-    try:
+    with logged_warnings("torch.onnx", "") as logged:
         export_checkpoint(tiny_checkpoint, tmp_path / "model", quantize=quantize, progress=steps.append, **gate)
-    finally:
-        for logger in loggers:
-            logger.removeHandler(collector)
     assert any(step.startswith("parity:") for step in steps), steps
     assert [f"{w.category.__name__}: {w.message}" for w in recwarn] == []
     assert [f"{r.name}: {r.getMessage()[:120]}" for r in logged] == []

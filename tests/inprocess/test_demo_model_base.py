@@ -3,30 +3,19 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 
 import pytest
 from safetensors.torch import load_file, save_file
 
+from tests.support import logged_warnings
 from tooling.checkpoints import minilm_dir
 from tooling.demo_model import LABELS, NEW_HEAD, NotTheExpectedBase, new_head_on
 
 
-@pytest.fixture
-def transformers_warnings():
-    """What transformers would print at WARNING: its loggers end at its own handler, which pytest does not capture."""
-    records: list[logging.LogRecord] = []
-    collector = logging.Handler(logging.WARNING)
-    collector.emit = records.append  # type: ignore[method-assign]
-    library = logging.getLogger("transformers")
-    library.addHandler(collector)
-    yield records
-    library.removeHandler(collector)
-
-
-def test_the_base_loads_as_its_encoder_under_a_new_head_said_in_one_line(capsys, transformers_warnings):
-    model = new_head_on(minilm_dir())
+def test_the_base_loads_as_its_encoder_under_a_new_head_said_in_one_line(capsys):
+    with logged_warnings("transformers") as transformers_warnings:
+        model = new_head_on(minilm_dir())
     assert model.config.id2label == dict(enumerate(LABELS))
     assert model.classifier.weight.shape == (len(LABELS), model.config.hidden_size)
     printed = capsys.readouterr().out.splitlines()
@@ -35,7 +24,7 @@ def test_the_base_loads_as_its_encoder_under_a_new_head_said_in_one_line(capsys,
     assert [r.getMessage()[:80] for r in transformers_warnings if "LOAD REPORT" in r.getMessage()] == []
 
 
-def test_a_base_without_one_of_its_weights_is_refused_before_any_training(tmp_path, transformers_warnings):
+def test_a_base_without_one_of_its_weights_is_refused_before_any_training(tmp_path):
     damaged = tmp_path / "base"
     shutil.copytree(minilm_dir(), damaged)
     weights = load_file(damaged / "model.safetensors")
