@@ -117,12 +117,12 @@ def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_
     workers cannot load was registered: its failure and the worker's own exception are recorded, its cells skipped,
     the others measured; and what the workers logged is copied to --out before the work directory goes."""
     out = tmp_path / "bench"
-    # --quick's settings, but three client counts and cells of 4 s, not two and 0.6 s: the cells after the first must
-    # outlast the checks below and the signal's delivery on a loaded machine. At 0.6 s the rest of the run ended
-    # within 3 s, before the signal; with two counts and 3 s cells (9 s left) a fresh clone's suite once saw the run
-    # complete 11 s after its first cell, the checks still running. Five cells of 4 s leave 20 s; the first costs 1 s.
+    # --quick's settings, but three client counts and cells of 2 s, not two and 0.6 s. The run is frozen (SIGSTOP) as
+    # soon as it prints its first cell, checked while frozen, then sent SIGTERM and let go: it cannot end on its own in
+    # between, however slow the machine. Timing alone raced: with 9 s, then 20 s of cells left after the first, fresh
+    # clones' suites saw the run complete during the checks (exit 1, every cell in benchmark.json), twice.
     command = [sys.executable, "-c", WITH_AN_UNLOADABLE_BACKEND, "--model", "tiny", "--concurrency", "1,16,32",
-               "--delays", "2", "--duration", "4", "--texts", "48", "--one-at-a-time-backends", "pytorch",
+               "--delays", "2", "--duration", "2", "--texts", "48", "--one-at-a-time-backends", "pytorch",
                "--backends", "pytorch,unloadable", "--no-ceilings", "--out", str(out)]  # fmt: skip
     run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     printed, started = [], []
@@ -130,13 +130,15 @@ def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_
         for line in run.stdout:
             printed.append(line)
             if " req/s " in line:  # a served cell's line (tooling/bench/served.describe_cell)
+                run.send_signal(signal.SIGSTOP)
                 break
         started = psutil.Process(run.pid).children(recursive=True)
         assert any("java" in p.name() for p in started), "".join(printed)  # its TorchServe, running
         # The archive's model-config.yaml sets the workers' start-up limit, over TorchServe's 120 s default.
         described = described_while_running(started, "bench-pytorch-1xall-b8-d2")
         assert described["startupTimeout"] == STARTUP_TIMEOUT_S == 600, described
-        run.send_signal(signal.SIGTERM)
+        run.send_signal(signal.SIGTERM)  # delivered when the run goes on
+        run.send_signal(signal.SIGCONT)
         assert run.wait(timeout=90) == 128 + signal.SIGTERM, "".join(printed)
         _, alive = psutil.wait_procs(started, timeout=30)
         assert not alive, alive
