@@ -40,17 +40,11 @@ from tooling.archiving import (
     build_archive,
     write_model_config,
 )
+from tooling.cli_arguments import existing_file, fraction, output_folder
 from tooling.model_update import KeyRefused, registered_from
 from tooling.onnx_export import QUANTIZATIONS, ExportFailed
 from tooling.paths import MODEL_STORE
 from tooling.torchserve import SERVE_SH_CONFIG, SERVE_SH_KEY_FILE, RunningServer
-
-
-def fraction(value: str) -> float:
-    number = float(value)
-    if not 0.0 <= number <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is not a fraction between 0 and 1 (0.99 means 99 %)")
-    return number
 
 
 def served_from(target: Path, name: str, version: str, server_config: Path, key_file: Path) -> str | None:
@@ -97,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--name", default="bert", help="model name, and the archive's file name unless --file-name")
     parser.add_argument("--version", default="1.0")
-    parser.add_argument("--export-path", type=Path, default=MODEL_STORE)
+    parser.add_argument("--export-path", type=output_folder, default=MODEL_STORE)
     parser.add_argument(
         "--file-name", help="the archive's file name in --export-path (default NAME.mar), e.g. for a new version"
     )
@@ -108,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the running server's config.properties (default: scripts/serve.sh's), whose store is checked",
     )
     parser.add_argument("--key-file", type=Path, default=SERVE_SH_KEY_FILE, help="that server's key_file.json")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model-config.yaml with handler options")
+    parser.add_argument(
+        "--config", type=existing_file, default=DEFAULT_CONFIG, help="model-config.yaml with handler options"
+    )
     add_handler_option_argument(
         parser, "override one option of --config's handler: section (repeatable), e.g. cpu_threads=1"
     )
@@ -122,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --quantize: least fraction of labels equal to PyTorch's (default 0.99)",
     )
     parser.add_argument(
-        "--eval-tsv", type=Path, help="onnx: labelled texts (label<TAB>text) for label agreement and accuracy"
+        "--eval-tsv", type=existing_file, help="onnx: labelled texts (label<TAB>text) for label agreement and accuracy"
     )
     args = parser.parse_args(argv)
     if args.backend != "onnx" and (args.quantize or args.min_agreement is not None or args.eval_tsv is not None):

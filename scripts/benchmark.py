@@ -60,14 +60,24 @@ from tooling.bench.plot import plot
 from tooling.bench.report import machine, markdown, write_atomically
 from tooling.bench.served import Layout, batching_settings, gpu_layouts, parse_layouts, served_cells
 from tooling.bench.targets import evaluate_targets
+from tooling.cli_arguments import (
+    existing_folder,
+    list_of,
+    non_negative_int,
+    output_folder,
+    positive_float,
+    positive_int,
+)
 from tooling.paths import MODEL_CONFIG, REPO
 
+MODEL_NAMES = ("demo", "tiny", "bert-base")
 # Quick: the one-at-a-time baseline for PyTorch only (the targets' reference); every backend batched.
 QUICK = {"concurrency": [1, 16], "delays": [2], "duration": 0.6, "texts": 48, "one_at_a_time_backends": ["pytorch"]}
 
 
-def int_list(value: str) -> list[int]:
-    return [int(x) for x in value.split(",")]
+def model_argument(value: str) -> str:
+    """--model: a name the benchmark builds, or a checkpoint folder that is there."""
+    return value if value in MODEL_NAMES else str(existing_folder(value))
 
 
 def resolve_model(name: str, workdir: Path) -> Path:
@@ -84,23 +94,27 @@ def resolve_model(name: str, workdir: Path) -> Path:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="demo", help="demo, bert-base, tiny, or a checkpoint folder")
+    parser.add_argument(
+        "--model", type=model_argument, default="demo", help="demo, bert-base, tiny, or a checkpoint folder"
+    )
     parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda where torch sees a GPU")
     parser.add_argument(
         "--backends", type=parse_backends, default=list(BACKENDS), help=f"comma-separated, from {list(BACKENDS)}"
     )
-    parser.add_argument("--concurrency", type=int_list, default=[1, 16, 64])
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--delays", type=int_list, default=[2], help="max_batch_delay values (ms) for batch_size=B")
+    parser.add_argument("--concurrency", type=list_of(positive_int), default=[1, 16, 64])
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument(
+        "--delays", type=list_of(non_negative_int), default=[2], help="max_batch_delay values (ms) for batch_size=B"
+    )
     parser.add_argument(
         "--one-at-a-time-backends",
         type=parse_backends_or_none,
         default=None,
         help="backends also served at batch_size=1 (default: every backend; none: no batch_size=1 cells)",
     )
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds of load per cell")
-    parser.add_argument("--texts", type=int, default=256, help="corpus size")
-    parser.add_argument("--threads", type=int, default=0, help="handler cpu_threads (0: every core)")
+    parser.add_argument("--duration", type=positive_float, default=15.0, help="seconds of load per cell")
+    parser.add_argument("--texts", type=positive_int, default=256, help="corpus size")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="handler cpu_threads (0: every core)")
     parser.add_argument(
         "--layouts",
         type=parse_layouts,
@@ -117,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser, "a handler option over model-config.yaml's, for the served archives and the ceilings (repeatable)"
     )
     parser.add_argument("--no-ceilings", action="store_true", help="served cells only (targets that need them: -)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench_out")
+    parser.add_argument("--out", type=output_folder, default=REPO / "bench_out")
     parser.add_argument("--quick", action="store_true", help=f"small settings that finish in about a minute: {QUICK}")
     parser.add_argument(
         "--worst-batch", action="store_true", help="only time one forward pass of batch-size x 256 tokens, and exit"
@@ -136,7 +150,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sweep-max-batch-tokens",
-        type=int_list,
+        type=list_of(non_negative_int),
         help="only measure the in-process handler ceiling at each of these budgets, per backend, and exit (0: the "
         "handler's auto, which under CUDA graphs plans by the graphs' measured pass times)",
     )

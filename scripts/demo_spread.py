@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tooling.cli_arguments import list_of, output_folder, seed
+
 BATCHINGS = (1, 3, 5, 8, 8, 8)  # served batch sizes, each over a fresh random order
 
 
@@ -70,14 +72,16 @@ def measure(seed: int, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="13,1,2,3,4", help="training seeds; 13 is the set-up's")
-    parser.add_argument("--out", type=Path, default=Path("build/demo-spread"))
+    parser.add_argument(
+        "--seeds", type=list_of(seed), default=[13, 1, 2, 3, 4], help="training seeds, e.g. 13,1,2; 13 is the set-up's"
+    )
+    parser.add_argument("--out", type=output_folder, default=Path("build/demo-spread"))
     args = parser.parse_args(argv)
     print("| seed | held-out correct | unseen correct | smallest margins from 0.5 | int8 changed at export | "
           "int8 changed served (batch 1, 3, 5, 8, 8, 8) |")  # fmt: skip
     print("|---:|---:|---:|---|---:|---|")
-    for seed in (int(s) for s in args.seeds.split(",")):
-        row = measure(seed, args.out)
+    for training_seed in args.seeds:
+        row = measure(training_seed, args.out)
         cells = [
             str(row["seed"]),
             f"{row['held_out_correct']}/{row['held_out']}",

@@ -26,6 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tooling.cli_arguments import existing_file, non_negative_int, positive_int
 from tooling.fleet import DEFAULT_ROOT, Fleet, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
 from tooling.fleet_roll import roll, roll_stopped
@@ -36,14 +37,12 @@ from tooling.paths import MODEL_STORE, REVIEW
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
 
 
-def parse_alert_for(values: list[str]) -> dict[str, str]:
-    pairs = {}
-    for value in values:
-        name, _, duration = value.partition("=")
-        if not name or not duration:
-            raise argparse.ArgumentTypeError(f"--alert-for expects NAME=DURATION, got {value!r}")
-        pairs[name] = duration
-    return pairs
+def alert_for(value: str) -> tuple[str, str]:
+    """One --alert-for ALERT=DURATION, read as the command line is."""
+    name, _, duration = value.partition("=")
+    if not name or not duration:
+        raise argparse.ArgumentTypeError(f"expected ALERT=DURATION (e.g. BertReplicaDown=10s), got {value!r}")
+    return name, duration
 
 
 def up(args: argparse.Namespace) -> int:
@@ -57,7 +56,7 @@ def up(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_batch_delay=args.max_batch_delay,
         latency_budget_ms=args.latency_budget_ms,
-        alert_for=parse_alert_for(args.alert_for),
+        alert_for=dict(args.alert_for),
     )
     print(f"==> starting {spec.replicas} replicas of {archive}, HAProxy and Prometheus (files in {args.root}/fleet)")
     fleet = Fleet(spec, root=args.root).up()
@@ -152,19 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where fleet.json and fleet/ live (logs/)")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="start the fleet")
-    start.add_argument("--replicas", type=int, default=2)
+    start.add_argument("--replicas", type=positive_int, default=2)
     start.add_argument("--model-store", type=Path, default=MODEL_STORE)
     start.add_argument("--archive", default="bert.mar", help="archive in the model store, or a path to one")
-    start.add_argument("--batch-size", type=int, default=8)
-    start.add_argument("--max-batch-delay", type=int, default=2, help="ms")
-    start.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
+    start.add_argument("--batch-size", type=positive_int, default=8)
+    start.add_argument("--max-batch-delay", type=non_negative_int, default=2, help="ms")
+    start.add_argument("--latency-budget-ms", type=positive_int, default=DEFAULT_BUDGET_MS,
                        help="how long a request may wait: each replica's queue, HAProxy's deadline")  # fmt: skip
     start.add_argument(
-        "--alert-for", action="append", default=[], metavar="ALERT=DURATION", help="e.g. BertReplicaDown=10s"
+        "--alert-for",
+        type=alert_for,
+        action="append",
+        default=[],
+        metavar="ALERT=DURATION",
+        help="e.g. BertReplicaDown=10s",
     )
     rolling = commands.add_parser("roll", help="serve another archive, one replica at a time, failing no request")
     rolling.add_argument("archive", help="the new .mar, in the fleet's model store (a file name or a path)")
-    rolling.add_argument("--probe", type=Path, default=REVIEW, help="a text file each replica must answer (200)")
+    rolling.add_argument(
+        "--probe", type=existing_file, default=REVIEW, help="a text file each replica must answer (200)"
+    )
     rolling.add_argument(
         "--no-surge",
         action="store_true",

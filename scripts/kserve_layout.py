@@ -23,6 +23,7 @@ then prints where to upload them. The work is done by tooling/cluster_config.py;
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -31,6 +32,7 @@ import yaml
 
 from handlers.onnx_forward import ONNX_FILE
 from handlers.options import HandlerOptions
+from tooling.cli_arguments import non_negative_int, output_folder, positive_float, positive_int
 from tooling.cluster_config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_DELAY_MS,
@@ -52,6 +54,24 @@ STORAGE_URI_GPU = "deploy/kserve/components/gpu/kustomization.yaml"
 # The CPU pods' CPUs: requests = limits = 2 in deploy/kubernetes/base/deployment.yaml and in the ServingRuntime
 # of deploy/kserve/serverless (tests/unit/test_kserve_layout_backend.py checks both).
 POD_CPUS = 2
+
+
+# One segment of KServe's URLs (/v1/models/NAME:predict) and the archive's file name in the store (NAME.mar).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def model_name(value: str) -> str:
+    if not MODEL_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a model name: letters, digits, '_', '-' and '.', starting with a letter or digit"
+        )
+    return value
+
+
+def mount_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an absolute path in the pod (e.g. {DEFAULT_ROOT})")
+    return value
 
 
 def handler_options(archive: Path) -> HandlerOptions:
@@ -94,34 +114,44 @@ def cpu_cores_used(options: HandlerOptions, workers: int, pod_cpus: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archive", type=Path, help="the .mar to serve (scripts/archive_model.py builds it)")
-    parser.add_argument("--out", type=Path, default=Path("build/kserve"), help="layout folder (default build/kserve)")
-    parser.add_argument("--name", default="bert", help="model name in URLs (/v1/models/NAME:predict); default bert")
-    parser.add_argument("--gpus", type=int, default=0, help="GPUs per pod (the gpu overlay: 1); 0 for CPU pods")
-    parser.add_argument("--batch-size", type=int, help=f"default {DEFAULT_BATCH_SIZE}, {GPU_BATCH_SIZE} with --gpus")
+    parser.add_argument(
+        "--out", type=output_folder, default=Path("build/kserve"), help="layout folder (default build/kserve)"
+    )
+    parser.add_argument(
+        "--name", type=model_name, default="bert", help="model name in URLs (/v1/models/NAME:predict); default bert"
+    )
+    parser.add_argument(
+        "--gpus", type=non_negative_int, default=0, help="GPUs per pod (the gpu overlay: 1); 0 for CPU pods"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, help=f"default {DEFAULT_BATCH_SIZE}, {GPU_BATCH_SIZE} with --gpus"
+    )
     parser.add_argument(
         "--max-batch-delay",
-        type=int,
+        type=non_negative_int,
         help=f"milliseconds; default {DEFAULT_MAX_BATCH_DELAY_MS}, {GPU_MAX_BATCH_DELAY_MS} with --gpus",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         help=f"workers per pod; default --pod-cpus / the archive's cpu_threads (1 for cpu_threads 0), "
         f"{GPU_WORKERS_PER_GPU} per GPU with --gpus (docs/batching.md)",
     )
     parser.add_argument(
         "--pod-cpus",
-        type=int,
+        type=positive_int,
         default=POD_CPUS,
         help=f"CPUs of each CPU pod, for the default --workers (default {POD_CPUS}, the manifests' CPU limit)",
     )
-    parser.add_argument("--response-timeout", type=int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
-    parser.add_argument("--latency-budget-ms", type=int, default=DEFAULT_BUDGET_MS,
+    parser.add_argument("--response-timeout", type=positive_int, default=DEFAULT_RESPONSE_TIMEOUT_S, help="seconds")
+    parser.add_argument("--latency-budget-ms", type=positive_int, default=DEFAULT_BUDGET_MS,
                         help="how long a request may wait: sets job_queue_size, and a smaller batch_size "
                         "when it is under five batch times")  # fmt: skip
-    parser.add_argument("--throughput-rps", type=float, default=None,
+    parser.add_argument("--throughput-rps", type=positive_float, default=None,
                         help="the pod's measured requests/s (default: per core its workers use)")  # fmt: skip
-    parser.add_argument("--root", default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})")
+    parser.add_argument(
+        "--root", type=mount_path, default=DEFAULT_ROOT, help=f"where the layout is mounted in the pod ({DEFAULT_ROOT})"
+    )
     args = parser.parse_args(argv)
     gpu = args.gpus > 0
     if args.batch_size is None:

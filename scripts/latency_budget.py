@@ -14,17 +14,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tooling.cli_arguments import positive_float, positive_int
 from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, batch_time_ms, machine_throughput
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget-ms", type=int, default=DEFAULT_BUDGET_MS)
+    parser.add_argument("--budget-ms", type=positive_int, default=DEFAULT_BUDGET_MS)
     parser.add_argument("--device", choices=("cpu", "gpu"), required=True)
-    parser.add_argument("--units", type=int, required=True, help="CPU cores or GPUs")
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--throughput-rps", type=float, default=0.0, help="measured requests/s (default: the device's)")
+    parser.add_argument("--units", type=positive_int, required=True, help="CPU cores or GPUs")
+    parser.add_argument("--workers", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, required=True)
+    parser.add_argument("--throughput-rps", type=positive_float, help="measured requests/s (default: the device's)")
     args = parser.parse_args(argv)
     throughput = args.throughput_rps or machine_throughput(args.device, args.units)
     try:

@@ -43,6 +43,14 @@ from tooling.bench.overload import TODAY_QUEUE, Setup, describe, run_setup, setu
 from tooling.bench.overload_report import evaluate, legend, plot, table, targets_table
 from tooling.bench.report import machine
 from tooling.bench.server_cpu import server_cpu_cores
+from tooling.cli_arguments import (
+    existing_file,
+    list_of,
+    non_negative_float,
+    output_folder,
+    positive_float,
+    positive_int,
+)
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 from tooling.paths import MODEL_STORE, REPO
 
@@ -52,12 +60,9 @@ MAX_BATCH_DELAY_MS = 2
 SATURATION_CLIENTS = 32
 
 
-def floats(value: str) -> list[float]:
-    return [float(x) for x in value.split(",")]
-
-
-def ints(value: str) -> list[int]:
-    return [int(x) for x in value.split(",") if x]
+def budgets_or_none(value: str) -> list[int]:
+    """--shipped-budgets: milliseconds, comma-separated, or '' for none."""
+    return list_of(positive_int)(value) if value else []
 
 
 def nproc() -> int:
@@ -186,25 +191,27 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archive", type=Path, default=MODEL_STORE / "bert.mar")
-    parser.add_argument("--out", type=Path, default=Path("build/bench-overload"))
-    parser.add_argument("--multiples", type=floats, default=[0.5, 1.0, 1.5, 2.0, 4.0])
-    parser.add_argument("--timeouts", type=floats, default=[0.3, 1.0, 2.0], help="client timeouts, seconds")
-    parser.add_argument("--seconds", type=float, default=4.0, help="each cell's counted window of arrivals")
-    parser.add_argument("--warmup-s", type=float, default=1.0,
+    parser.add_argument("--archive", type=existing_file, default=MODEL_STORE / "bert.mar")
+    parser.add_argument("--out", type=output_folder, default=Path("build/bench-overload"))
+    parser.add_argument("--multiples", type=list_of(positive_float), default=[0.5, 1.0, 1.5, 2.0, 4.0])
+    parser.add_argument(
+        "--timeouts", type=list_of(positive_float), default=[0.3, 1.0, 2.0], help="client timeouts, seconds"
+    )
+    parser.add_argument("--seconds", type=positive_float, default=4.0, help="each cell's counted window of arrivals")
+    parser.add_argument("--warmup-s", type=non_negative_float, default=1.0,
                         help="arrivals before each cell's window, not counted: the queue fills")  # fmt: skip
-    parser.add_argument("--saturation-seconds", type=float, default=4.0, help="per round of the measurement")
+    parser.add_argument("--saturation-seconds", type=positive_float, default=4.0, help="per round of the measurement")
     parser.add_argument("--litserve-python", help="an interpreter with litserve installed (its own venv)")
-    parser.add_argument("--litserve-timeouts", type=floats, default=[0.3, 1.0])
+    parser.add_argument("--litserve-timeouts", type=list_of(positive_float), default=[0.3, 1.0])
     parser.add_argument(
         "--budget-batch-sizes",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=list_of(positive_int),
         default=[],
         help="also run each budget at these batch sizes (default: only at the layout's)",
     )
     parser.add_argument(
         "--shipped-budgets",
-        type=ints,
+        type=budgets_or_none,
         default=None,
         help="run these budgets (ms) also with the queue and batch scripts/serve.sh ships for this host, from the "
         "throughput tooling/latency_budget.py ships (default: every budget; '' for none)",

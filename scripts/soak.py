@@ -33,6 +33,13 @@ from pathlib import Path
 from tooling.archiving import build_archive
 from tooling.bench.loadgen import percentile_ms, readings_until_stable
 from tooling.checkpoints import build_random_classifier
+from tooling.cli_arguments import (
+    existing_folder,
+    non_negative_float,
+    output_folder,
+    positive_float,
+    positive_int,
+)
 from tooling.soak import drive, drive_open_loop, worker_rss_mb
 from tooling.torchserve import TorchServe
 
@@ -42,13 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a CI timeout) unwinds through the `with TorchServe` below, which stops the server.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--minutes", type=positive_float, default=30.0)
     parser.add_argument("--short", action="store_true", help="6 s of traffic after a 3 s warm-up, then assert")
-    parser.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny random BERT)")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
-    parser.add_argument("--load", type=float, default=0.0, help="open loop at this share of the saturation")
-    parser.add_argument("--workdir", type=Path, help="where the private server keeps its files (default: a temp dir)")
+    parser.add_argument("--checkpoint", type=existing_folder, help="checkpoint to serve (default: a tiny random BERT)")
+    parser.add_argument("--clients", type=positive_int, default=8)
+    parser.add_argument("--max-rss-growth-mb", type=non_negative_float, default=64.0)
+    parser.add_argument(
+        "--load", type=non_negative_float, default=0.0, help="open loop at this share of the saturation"
+    )
+    parser.add_argument(
+        "--workdir", type=output_folder, help="where the private server keeps its files (default: a temp dir)"
+    )
     args = parser.parse_args(argv)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import requests
 
+from tooling.cli_arguments import existing_file, non_negative_float
 from tooling.model_archive import NotAnArchive, archive_name, archive_version
 from tooling.model_update import UpdateFailed, update_model
 from tooling.paths import REPO, REVIEW
@@ -35,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", help="the served model's name (default, and it must be: the name in the archive's manifest)"
     )
-    parser.add_argument("--probe", type=Path, default=REVIEW, help="a text file the new version must answer (200)")
+    parser.add_argument(
+        "--probe", type=existing_file, default=REVIEW, help="a text file the new version must answer (200)"
+    )
     parser.add_argument(
         "--grace-seconds",
-        type=float,
+        type=non_negative_float,
         help="wait after the old version's queue is empty (default: its maxBatchDelay + responseTimeout); a "
         "batch it still runs when the wait ends fails",
     )

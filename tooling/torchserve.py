@@ -298,9 +298,13 @@ def running_server(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if not args.config.is_file():
         parser.error(f"{args.config} is not there: start the server with scripts/serve.sh, or name its config")
     try:
-        return RunningServer.from_files(args.config, args.key_file)
+        server = RunningServer.from_files(args.config, args.key_file)
+        server.key_entries()  # read now: a key file that is not TorchServe's is said here, not as a traceback later
     except OSError as error:
         parser.error(str(error))
+    except ValueError as error:
+        parser.error(f"{args.key_file} is not a TorchServe key file (JSON): {error}")
+    return server
 
 
 def default_workers() -> int:

@@ -1,0 +1,112 @@
+"""argparse types for the commands in scripts/.
+
+A value that cannot mean anything (0 epochs, a negative wait, an infinite rate, an empty list, a folder where a file
+is expected) is refused as the command line is read, so a command stops with its usage and one line saying why (exit
+2) before it loads, trains, writes or starts anything; deeper in, such a value became a traceback minutes into a
+run, a half-written layout, or a silent nonsense (0 replicas behind a started HAProxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+# torch.manual_seed and numpy's generators both take seeds below 2**32.
+SEED_LIMIT = 2**32
+
+
+def _number(value: str, kind: type) -> int | float:
+    try:
+        number = kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not {'a whole number' if kind is int else 'a number'}"
+        ) from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = _number(value, int)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a whole number of 1 or more")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    number = _number(value, int)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return number
+
+
+def seed(value: str) -> int:
+    number = non_negative_int(value)
+    if number >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to {SEED_LIMIT - 1})")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(_number(value, float))
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not more than 0")
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    number = float(_number(value, float))
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return number
+
+
+def fraction(value: str) -> float:
+    number = float(_number(value, float))
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not a fraction between 0 and 1 (0.99 means 99 %)")
+    return number
+
+
+def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
+    """A comma-separated list, at least one item, each read by `item` (e.g. list_of(positive_int): "1,16,64")."""
+
+    def parse(value: str) -> list:
+        parts = value.split(",")
+        if not value or any(not part.strip() for part in parts):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of values (e.g. 1,16,64)")
+        return [item(part.strip()) for part in parts]
+
+    parse.__name__ = f"list of {item.__name__}"
+    return parse
+
+
+def existing_file(value: str) -> Path:
+    path = Path(value)
+    if not value or not path.exists():
+        raise argparse.ArgumentTypeError(f"{value!r}: no such file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a file")
+    return path
+
+
+def existing_folder(value: str) -> Path:
+    path = Path(value)
+    if not value or not path.exists():
+        raise argparse.ArgumentTypeError(f"{value!r}: no such folder")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
+    return path
+
+
+def output_folder(value: str) -> Path:
+    """A folder to write into: made if it is missing; never '' (the current folder, by accident) or a file."""
+    path = Path(value)
+    if not value:
+        raise argparse.ArgumentTypeError("an empty path (give '.' for the current folder)")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is a file, not a folder")
+    return path
