@@ -30,6 +30,9 @@ pytestmark = pytest.mark.e2e
 
 SLOW = "slow"  # the test-only fault hook: a batch holding this word stalls STALL_S
 STALL_S = 1.5
+# The stall of the version TorchServe's own recipe unregisters: far longer than a loaded machine takes to switch and
+# unregister (at 1.5 s a test stalled that long would see the held batch answered); the unregister ends it at once.
+HELD_S = 60.0
 # The old version's drain waits this long (plus its 20 ms delay) after its queue empties: four times STALL_S,
 # room for a loaded 2-core machine.
 RESPONSE_TIMEOUT_S = 6
@@ -49,9 +52,13 @@ def kinds(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, Path | Non
     )
     bad_config = write_model_config(config / "bad.yaml", None, max_length="long")
     failing_config = write_model_config(config / "failing.yaml", None, fault_marker="clean", fault_kind="error")
+    held_config = write_model_config(
+        config / "held.yaml", {"responseTimeout": 2 * HELD_S}, fault_marker=SLOW, fault_delay_s=HELD_S
+    )
     multi_label = build_random_classifier(out / "multi-label", "tiny", seed=1, head="multi-label")
     return {
         "old": (tiny_checkpoint, old_config, "1.0"),
+        "held": (tiny_checkpoint, held_config, "1.0"),  # as old, its stalls HELD_S long
         "new": (multi_label, None, "2.0"),
         "bad": (tiny_checkpoint, bad_config, "3.0"),  # fails to load
         "failing": (tiny_checkpoint, failing_config, "4.0"),  # loads, fails every text with "clean" in it
@@ -94,8 +101,8 @@ def register_old(server, archives):
     """Registers the old archive as `model`, and unregisters every version of it after the test, pass or fail."""
     models = []
 
-    def register(model: str) -> None:
-        install(server, archives("old", model), f"{model}.mar")
+    def register(model: str, kind: str = "old") -> None:
+        install(server, archives(kind, model), f"{model}.mar")
         models.append(model)
         response = server.register(
             f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
@@ -225,14 +232,14 @@ def test_a_new_archive_takes_over_under_load_and_no_request_fails(server, archiv
 def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, register_old):
     """Pins TorchServe 0.12: unregistering a version right after the switch fails what it holds."""
     model = "naive"
-    register_old(model)
+    register_old(model, "held")
     install(server, archives("new", model), "naive-2.mar")
     assert server.register("naive-2.mar", model_name=model, initial_workers=1).status_code == 200
     with ThreadPoolExecutor(max_workers=1) as pool:
         # By name, so it reaches 1.0 whenever it arrives; queued or in flight there, the unregister fails it.
         received = batches_received(server, model, "1.0")
-        held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", STALL_S + 5)
-        # In flight: a worker of 1.0 has taken its batch, which it holds for STALL_S from then.
+        held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", HELD_S + 30)
+        # In flight: a worker of 1.0 has taken its batch, which it holds for HELD_S from then.
         wait_until(lambda: batches_received(server, model, "1.0") > received, 30, f"a worker of {model}/1.0 to take it")
         management = f"{server.management_url}/models/{model}"
         headers = server.auth("management")

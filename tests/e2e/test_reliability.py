@@ -138,7 +138,13 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
     assert server.register(archive, batch_size=1, max_batch_delay=1).status_code == 200
     try:
         received = batches_received(server, "tiny-slow")
-        blocker = threading.Thread(target=server.predict, args=("tiny-slow", "SLOW request holds the worker"))
+        unblocked: list[float] = []  # when the blocker's answer came: the worker free again
+
+        def block() -> None:
+            server.predict("tiny-slow", "SLOW request holds the worker")
+            unblocked.append(time.monotonic())
+
+        blocker = threading.Thread(target=block)
         blocker.start()
         # The worker has taken the blocker's batch: it is busy for four seconds from now.
         wait_until(
@@ -148,9 +154,8 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
         texts = [f"burst request {i}" for i in range(30)]
 
         def timed(text: str) -> tuple[int, float, str]:
-            started = time.monotonic()
             response = server.predict("tiny-slow", text, timeout=60)
-            return response.status_code, time.monotonic() - started, response.text
+            return response.status_code, time.monotonic(), response.text
 
         with ThreadPoolExecutor(max_workers=30) as pool:
             burst = list(pool.map(timed, texts))
@@ -159,7 +164,11 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
         rejected = [b for b in burst if b[0] == 503]
         admitted = [(b, e) for b, e in zip(burst, expected) if b[0] != 503]
         assert rejected, "a burst of 30 into a queue of 4 must shed load"
-        assert all(seconds < 1.5 for _, seconds, _ in rejected), "503s must come back at once, not after a wait"
+        # At once, not after a wait: each 503 came back while the worker still held the blocker (a fixed bound of
+        # 1.5 s against the 4 s hold was a matter of how busy the machine was).
+        assert all(answered < unblocked[0] for _, answered, _ in rejected), (
+            "503s must come back at once, not after a wait"
+        )
         for (status, _, body), single in admitted:
             assert status == 200, body
             assert_same_answer(json.loads(body), single)
@@ -221,9 +230,11 @@ HOLD = "HOLD"  # the fault marker: a forward pass holding a text with it sleeps,
 
 @pytest.fixture(scope="module")
 def crashable_model(torchserve, tiny_checkpoint, make_archive):
-    """A model whose worker holds any batch with HOLD in it for 10 s, and waits up to 3 s to fill a batch of 4."""
+    """A model whose worker holds any batch with HOLD in it for 10 s, and waits up to 30 s to fill a batch of 4: the
+    tests send full batches, and a request held for a batch stays held while a loaded machine gets to the kill (at
+    3 s a test stalled that long would have seen it answered alone)."""
     archive = make_archive(tiny_checkpoint, "tiny-crash", fault_marker=HOLD, fault_delay_s=10.0)
-    assert torchserve.register(archive, batch_size=4, max_batch_delay=3000).status_code == 200
+    assert torchserve.register(archive, batch_size=4, max_batch_delay=30_000).status_code == 200
     yield "tiny-crash"
     torchserve.unregister("tiny-crash")
 
@@ -300,8 +311,11 @@ def test_a_request_held_for_batching_when_the_worker_dies_is_never_answered(torc
         wait_until(held_for_batching, 30, f"{model}'s frontend to take the request for its next batch")
         os.kill(old_pid, signal.SIGKILL)
         wait_for_new_worker(torchserve, model, old_pid)
-        # A later request is served by the replacement (after its own 3 s batch delay) ...
-        assert torchserve.predict(model, "sent after the restart", timeout=90).status_code == 200
+        # Later requests are served by the replacement (a full batch: nothing waits for the batch delay) ...
+        later = [f"sent after the restart {i}" for i in range(4)]
+        with ThreadPoolExecutor(max_workers=len(later)) as pool:
+            statuses = list(pool.map(lambda text: torchserve.predict(model, text, timeout=90).status_code, later))
+        assert statuses == [200] * len(later), statuses
         # ... while the earlier one has received nothing, not even a closed connection.
         readable, _, _ = select.select([waiting.sock], [], [], 1.0)
         assert not readable, "TorchServe answered a request 0.12 dropped; update docs/reliability.md and this test"

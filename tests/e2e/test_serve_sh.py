@@ -27,7 +27,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import umask_of
+from tests.support import logs_caught_up, umask_of
 from tooling.paths import LOG_CONFIG, METRICS_CONFIG, REPO, REVIEW, SERVER_CONFIG
 from tooling.processes import process_record, stop_recorded
 from tooling.torchserve import ADDRESS_KEYS, IGNORED_VARIABLES, free_port
@@ -59,6 +59,17 @@ class Served:
     java: psutil.Process  # the Java frontend, named by TorchServe's pid file
     inference_url: str
     env: dict[str, str]  # the environment serve.sh ran with
+
+    # What tests/support.logs_caught_up reads of a server: its log folder, and a way to send it a text.
+    @property
+    def log_dir(self) -> Path:
+        return self.checkout / "logs"
+
+    def predict(self, model: str, text: str) -> requests.Response:
+        headers = {"Content-Type": "text/plain", "Authorization": f"Bearer {self.keys['inference']}"}
+        return requests.post(
+            f"{self.inference_url}/predictions/{model}", data=text.encode(), headers=headers, timeout=60
+        )
 
 
 def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
@@ -192,8 +203,8 @@ def test_a_text_in_the_query_string_reaches_no_log(served):
     url = f"{served.inference_url}/predictions/{MODEL}"
     answer = requests.post(url, params={"text": f"a review {MARKER}"}, data=b"", headers=form, timeout=60)
     assert answer.status_code in (200, 400) and ("label" in answer.json() or "type" in answer.json()), answer.text
-    time.sleep(1)  # let the appenders flush
-    logs = {path.name: path.read_text(errors="replace") for path in (served.checkout / "logs").rglob("*.log")}
+    logs_caught_up(served, MODEL)  # every line the request made the server write is written (was: a second's sleep)
+    logs = {path.name: path.read_text(errors="replace") for path in served.log_dir.rglob("*.log")}
     assert [name for name, text in logs.items() if MARKER in text] == []
     assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {answer.status_code}' in logs["access_log.log"]
 

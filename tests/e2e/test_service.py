@@ -13,7 +13,7 @@ import requests
 
 from tests.answers import TOLERANCE, assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
-from tests.support import JSON, TEXT, metrics_once, umask_of, unseen_reviews
+from tests.support import JSON, TEXT, logs_caught_up, metrics_once, umask_of, unseen_reviews
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -61,6 +61,7 @@ def test_workers_start_without_writing_to_their_error_stream(torchserve, tiny_ch
     assert torchserve.register(archive, initial_workers=2).status_code == 200
     try:
         assert torchserve.predict("quiet-start", "a text to label").status_code == 200
+        logs_caught_up(torchserve, "quiet-start")  # the workers' lines so far are written, not on their way
         lines = [
             line for line in (torchserve.log_dir / "model_log.log").read_text().splitlines() if "-quiet-start_" in line
         ]

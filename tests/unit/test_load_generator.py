@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import threading
 import time
 from collections import Counter
@@ -251,20 +252,26 @@ def test_goodput_counts_the_requests_scheduled_in_the_window_not_the_queue_answe
     assert summary["answered_in_time"] > 0 and summary["goodput_rps"] <= 105, summary
     whole = summary["whole_schedule"]
     assert whole["answered_in_time"] == server.statuses[200] and whole["offered"] == 270
-    assert whole["goodput_rps"] >= summary["goodput_rps"] + 10, (whole, summary)  # the queue's 20 over 0.9 s: 22/s
+    # The whole schedule also counts the 20 admitted at once as the warm-up began (an empty queue), which the window
+    # does not: on a quiet machine 22/s more over 0.9 s. Counted, not as rates: beside busy cores the server, slower
+    # in the warm-up than in the window, once made the rates' gap 8/s.
+    assert whole["answered_in_time"] >= summary["answered_in_time"] + 20, (whole, summary)
     # Most were refused at the door, at once: every request's p99 lies beyond the timeout, the admitted ones' does
-    # not (each waited at most the 20 ahead of it), and the refusals' own latency shows they were fast.
+    # not (each waited at most the 20 ahead of it), and the refusals came back sooner than the admitted answers. Both
+    # from the send: the latencies themselves run from the schedule, and a generator sharing busy cores sends late
+    # (beside two busy cores the refusals' median from the schedule was 105-248 ms once, 2 ms on a quiet machine).
     assert summary["all_p99_ms"] is None and summary["all_p99_beyond_timeout"]
     assert summary["admitted"] == summary["answered_in_time"] and summary["admitted_p99_ms"] < 1000
     assert summary["refused"] == {"503 ServiceUnavailableException": summary["refused_total"]}
-    assert summary["refusal_p50_ms"] < 50, summary
+    from_send = {kind: [o.seconds - o.lag for o in result.outcomes if (o.status == 200) == (kind == "answered")]
+                 for kind in ("answered", "refused")}  # fmt: skip
+    assert statistics.median(from_send["refused"]) < statistics.median(from_send["answered"]), summary
 
 
 def test_a_stalled_generator_hides_no_latency_its_timeouts_and_deadlines_run_from_the_schedule(monkeypatch):
     # The generator's event loop blocks for 0.6 s on its first request (as a busy load generator would): the
     # requests scheduled meanwhile go out late, or not at all once their timeout (0.4 s) has passed. The server
-    # answers each after 160 ms. Every margin below is 50-60 ms: room for a CPU shared with the suite's other
-    # process (scripts/test.sh runs two), where 80 ms answers once came 25 ms late.
+    # answers each after 160 ms.
     original, stalled = Pool.post, []
 
     async def stalling_post(self, body: bytes, headers: bytes = b""):
@@ -285,21 +292,31 @@ def test_a_stalled_generator_hides_no_latency_its_timeouts_and_deadlines_run_fro
         result = open_loop_payloads(url, {"Content-Type": "text/plain"}, payloads, rate=50, seconds=0.8,
                                     timeout_s=0.4, deadline=True)  # fmt: skip
     summary = result.summary()
-    by_index = {o.index: o for o in result.outcomes}
-    # Request i was scheduled at 20 i ms and the loop came back at about 600 ms. Those sent 400 ms late or more were
-    # past their timeout: never sent. Those sent 280-360 ms late were sent, and given up 400 ms after their
-    # scheduled time, before their answer (160 ms after the send). Those sent 120-180 ms late were answered.
-    assert all(by_index[i].status == 0 and not by_index[i].sent for i in range(1, 8)), by_index
-    assert not set(range(1, 8)) & set(deadlines)
-    assert all(by_index[i].status == 0 for i in range(13, 17)) and {13, 14, 15, 16} <= set(deadlines)
-    late = [by_index[i] for i in range(21, 25)]
-    assert all(o.status == 200 and o.lag > 0.1 for o in late), late
-    # Latency runs from the scheduled time: never less than the lag, and the answered ones' lag plus the 160 ms.
+    # Request i was scheduled at 20 i ms and the loop came back at 600 ms or later (the stall), sending at once every
+    # request still within its timeout. Each is judged by its own lag, not its index, since a loaded machine moves
+    # the loop's return (index-based margins of 50 ms failed twice in five runs beside eight busy processes):
+    timeout, answer_s = 0.4, 0.16
+    unsent = [o for o in result.outcomes if not o.sent]
+    gave_up = [o for o in result.outcomes if o.sent and o.status == 0]
+    answered = [o for o in result.outcomes if o.status == 200]
+    assert len(unsent) + len(gave_up) + len(answered) == 40, result.outcomes  # no connection error, no refusal
+    # past its timeout when its turn came: never sent, nothing reached the server;
+    assert unsent and all(o.lag >= timeout for o in unsent) and not {o.index for o in unsent} & set(deadlines)
+    assert {1, 2, 3, 4, 5, 6, 7} <= {o.index for o in unsent}  # 460 ms late or more, however soon the loop came back
+    # sent, and given up 400 ms after its scheduled time, not after its send: those whose answer (160 ms after the
+    # send) would come too late are all here, some of them (lags of 240-400 ms: every loop's return makes some)
+    assert all(o.lag < timeout and o.seconds >= timeout - 0.005 for o in gave_up), gave_up
+    assert [o for o in result.outcomes if o.sent and o.lag + answer_s > timeout] and all(
+        o.status == 0 for o in result.outcomes if o.sent and o.lag + answer_s > timeout
+    )
+    # answered within the timeout from the schedule, the lag counted: a late one's latency holds its lag
+    assert all(o.seconds <= timeout + 0.005 and o.seconds >= o.lag + answer_s - 0.01 for o in answered), answered
+    assert any(o.lag > 0.04 for o in answered), answered
     assert all(o.seconds >= o.lag for o in result.outcomes)
-    assert all(o.seconds >= o.lag + 0.15 for o in late) and max(o.seconds for o in late) > 0.26
     # The deadline is the scheduled time plus the timeout: 20 ms apart whatever the send time.
-    for i in range(13, 40):
-        assert abs((deadlines[i] - deadlines[39]) - 20 * (i - 39)) <= 1, (i, deadlines)
+    last = max(deadlines)
+    for i in deadlines:
+        assert abs((deadlines[i] - deadlines[last]) - 20 * (i - last)) <= 1, (i, deadlines)
     # The lag is reported, and the cell flagged: a p99 lag of a tenth of the timeout or more.
     assert summary["send_lag_max_ms"] >= 500 and summary["send_lag_p99_ms"] >= 40 and summary["send_lag_unreliable"]
     assert summary["gave_up"] >= 12 and summary["sent_rps"] < summary["offered_rps"] == pytest.approx(50)
