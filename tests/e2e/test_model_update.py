@@ -30,9 +30,11 @@ pytestmark = pytest.mark.e2e
 
 SLOW = "slow"  # the test-only fault hook: a batch holding this word stalls STALL_S
 STALL_S = 1.5
-# The stall of the version TorchServe's own recipe unregisters: far longer than a loaded machine takes to switch and
-# unregister (at 1.5 s a test stalled that long would see the held batch answered); the unregister ends it at once.
-HELD_S = 60.0
+# The stall of the version TorchServe's own recipe unregisters: four times STALL_S, room for a loaded machine to switch
+# and unregister while the batch is held (at 1.5 s a test stalled that long would see it answered). The held request
+# waits 5 s past it (a batch answered after the stall must be seen), and TorchServe drops it unanswered: the test's
+# length (60 s of stall took 106 s).
+HELD_S = 6.0
 # The old version's drain waits this long (plus its 20 ms delay) after its queue empties: four times STALL_S,
 # room for a loaded 2-core machine.
 RESPONSE_TIMEOUT_S = 6
@@ -238,7 +240,7 @@ def test_torchserves_own_recipe_fails_a_batch_in_flight(server, archives, regist
     with ThreadPoolExecutor(max_workers=1) as pool:
         # By name, so it reaches 1.0 whenever it arrives; queued or in flight there, the unregister fails it.
         received = batches_received(server, model, "1.0")
-        held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", HELD_S + 30)
+        held = pool.submit(predict_label, server, f"{model}/1.0", f"a {SLOW} one that was held up", HELD_S + 5)
         # In flight: a worker of 1.0 has taken its batch, which it holds for HELD_S from then.
         wait_until(lambda: batches_received(server, model, "1.0") > received, 30, f"a worker of {model}/1.0 to take it")
         management = f"{server.management_url}/models/{model}"
