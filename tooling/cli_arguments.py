@@ -84,22 +84,21 @@ def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
     return parse
 
 
-def existing_file(value: str) -> Path:
+def _existing(value: str, noun: str, is_it: Callable[[Path], bool]) -> Path:
     path = Path(value)
     if not value or not path.exists():
-        raise argparse.ArgumentTypeError(f"{value!r}: no such file")
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a file")
+        raise argparse.ArgumentTypeError(f"{value!r}: no such {noun}")
+    if not is_it(path):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a {noun}")
     return path
+
+
+def existing_file(value: str) -> Path:
+    return _existing(value, "file", Path.is_file)
 
 
 def existing_folder(value: str) -> Path:
-    path = Path(value)
-    if not value or not path.exists():
-        raise argparse.ArgumentTypeError(f"{value!r}: no such folder")
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
-    return path
+    return _existing(value, "folder", Path.is_dir)
 
 
 def output_folder(value: str) -> Path:
