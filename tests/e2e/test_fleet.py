@@ -36,7 +36,9 @@ CLIENTS = 8
 RESPONSE_TIMEOUT_S = 3  # the archive's responseTimeout: short, so HAProxy's timeout (derived from it) is short too
 REPLICA_DOWN_FOR = "3s"  # BertReplicaDown's `for:` in this fleet (1m as shipped)
 SLOW_MARKER = "SLOW"  # a text holding it makes its batch take SLOW_DELAY_S (the handler's test-only fault hook)
-SLOW_DELAY_S = 1.0
+# 2 s: the drain test must see the slow request still unanswered beside the load's (1 s was that test's whole margin
+# for a test thread descheduled on a loaded machine); under RESPONSE_TIMEOUT_S, which would fail the batch.
+SLOW_DELAY_S = 2.0
 TEXTS = [
     f"review {i}: "
     + " ".join(
