@@ -87,7 +87,7 @@ def resolve_model(name: str, workdir: Path) -> Path:
         from tooling.demo_model import ensure_demo_model
 
         return ensure_demo_model()
-    if name in ("tiny", "bert-base"):
+    if name in MODEL_NAMES:  # tiny, bert-base: random weights at that size
         return build_random_classifier(workdir / name, name)
     return Path(name)
 

@@ -122,8 +122,6 @@ def roll_archive(args: argparse.Namespace) -> int:
     store = fleet.spec.model_store.resolve()
     if len(archive.parts) > 1 and archive.resolve().parent != store:
         raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
-    if not args.probe.is_file():
-        raise FleetError(f"no probe file {args.probe}")
     stop = threading.Event()
     stop_on_signals(stop)
     steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop, surge=not args.no_surge)

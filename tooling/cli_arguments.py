@@ -17,27 +17,32 @@ from pathlib import Path
 SEED_LIMIT = 2**32
 
 
-def _number(value: str, kind: type) -> int | float:
+def _whole(value: str) -> int:
     try:
-        number = kind(value)
+        return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not {'a whole number' if kind is int else 'a number'}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+
+
+def _finite(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
     if not math.isfinite(number):
         raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
     return number
 
 
 def positive_int(value: str) -> int:
-    number = _number(value, int)
+    number = _whole(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a whole number of 1 or more")
     return number
 
 
 def non_negative_int(value: str) -> int:
-    number = _number(value, int)
+    number = _whole(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return number
@@ -51,21 +56,21 @@ def seed(value: str) -> int:
 
 
 def positive_float(value: str) -> float:
-    number = float(_number(value, float))
+    number = _finite(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not more than 0")
     return number
 
 
 def non_negative_float(value: str) -> float:
-    number = float(_number(value, float))
+    number = _finite(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return number
 
 
 def fraction(value: str) -> float:
-    number = float(_number(value, float))
+    number = _finite(value)
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"{value} is not a fraction between 0 and 1 (0.99 means 99 %)")
     return number

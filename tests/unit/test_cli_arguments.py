@@ -162,7 +162,9 @@ def test_each_command_refuses_nonsense_before_it_does_anything(command, argument
         "out": tmp_path / "out", "file": a_file, "missing": tmp_path / "missing", "mar": a_file,
         "checkpoint": tmp_path,
     }  # fmt: skip
-    tripwire = STARTS_NOTHING.get(command, []) if option not in STARTS_NOTHING.get(command, []) else []
+    tripwire = STARTS_NOTHING.get(command, [])
+    if option in tripwire:  # the case refuses the tripwire's own option
+        tripwire = []
     argv = [argument.format(**places) for argument in [*arguments, *tripwire]]
     main = importlib.import_module(f"scripts.{command}").main
     monkeypatch.chdir(tmp_path)  # a path of '' is the current folder: the test's, never the checkout
