@@ -205,3 +205,17 @@ def test_stop_sh_stops_this_checkouts_torchserve_and_fails_when_it_outlives_the_
     assert stop.returncode == 1 and "stop: done" not in stop.stdout, stop.stdout
     assert f"stop: TorchServe (pid {lasting.pid}) still runs after torchserve --stop" in stop.stderr
     assert not gone(lasting)
+
+
+def test_a_key_file_that_is_not_json_stops_a_command_in_one_line(tmp_path, capsys):
+    """The commands reach a running server through tooling.torchserve.running_server, which reads the key file
+    before anything is sent: a file that is not TorchServe's is said in one line (exit 2), not a traceback later."""
+    from scripts import rotate_keys
+
+    config, key_file = write_server(tmp_path, {}, None)
+    key_file.write_text("not json")
+    with pytest.raises(SystemExit) as stopped:
+        rotate_keys.main(["--config", str(config), "--key-file", str(key_file)])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2, said
+    assert f"error: {key_file} is not a TorchServe key file (JSON)" in said and "Traceback" not in said
