@@ -40,7 +40,7 @@ from tooling.archiving import (
     build_archive,
     write_model_config,
 )
-from tooling.cli_arguments import existing_file, fraction, output_folder
+from tooling.cli_arguments import existing_file, fraction, model_name, model_version, output_folder
 from tooling.model_update import KeyRefused, registered_from
 from tooling.onnx_export import QUANTIZATIONS, ExportFailed
 from tooling.paths import MODEL_STORE
@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "checkpoint", type=Path, help="Hugging Face checkpoint folder (config.json, weights, tokenizer)"
     )
-    parser.add_argument("--name", default="bert", help="model name, and the archive's file name unless --file-name")
-    parser.add_argument("--version", default="1.0")
+    parser.add_argument(
+        "--name", type=model_name, default="bert", help="model name, and the archive's file name unless --file-name"
+    )
+    parser.add_argument("--version", type=model_version, default="1.0", help="the model's version (default 1.0)")
     parser.add_argument("--export-path", type=output_folder, default=MODEL_STORE)
     parser.add_argument(
         "--file-name", help="the archive's file name in --export-path (default NAME.mar), e.g. for a new version"

@@ -23,7 +23,6 @@ then prints where to upload them. The work is done by tooling/cluster_config.py;
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import zipfile
 from pathlib import Path
@@ -32,7 +31,7 @@ import yaml
 
 from handlers.onnx_forward import ONNX_FILE
 from handlers.options import HandlerOptions
-from tooling.cli_arguments import non_negative_int, output_folder, positive_float, positive_int
+from tooling.cli_arguments import model_name, non_negative_int, output_folder, positive_float, positive_int
 from tooling.cluster_config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_DELAY_MS,
@@ -54,18 +53,6 @@ STORAGE_URI_GPU = "deploy/kserve/components/gpu/kustomization.yaml"
 # The CPU pods' CPUs: requests = limits = 2 in deploy/kubernetes/base/deployment.yaml and in the ServingRuntime
 # of deploy/kserve/serverless (tests/unit/test_kserve_layout_backend.py checks both).
 POD_CPUS = 2
-
-
-# One segment of KServe's URLs (/v1/models/NAME:predict) and the archive's file name in the store (NAME.mar).
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def model_name(value: str) -> str:
-    if not MODEL_NAME.fullmatch(value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a model name: letters, digits, '_', '-' and '.', starting with a letter or digit"
-        )
-    return value
 
 
 def mount_path(value: str) -> str:

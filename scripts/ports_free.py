@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import psutil
 
+from tooling.cli_arguments import existing_file
 from tooling.paths import SERVER_CONFIG
 from tooling.torchserve import TORCHSERVE_MAIN, pid_file, port_in_use, read_properties, running_torchserve, server_ports
 
@@ -37,7 +37,7 @@ def holder(port: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--properties", type=Path, default=SERVER_CONFIG, help="the server's configuration")
+    parser.add_argument("--properties", type=existing_file, default=SERVER_CONFIG, help="the server's configuration")
     args = parser.parse_args(argv)
     if running_torchserve(pid_file()) is not None:
         return 0

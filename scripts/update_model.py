@@ -22,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.cli_arguments import existing_file, non_negative_float
+from tooling.cli_arguments import existing_file, model_name, non_negative_float
 from tooling.model_archive import NotAnArchive, archive_name, archive_version
 from tooling.model_update import UpdateFailed, update_model
 from tooling.paths import REPO, REVIEW
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archive", type=Path, help="the new .mar, in the server's model store, not MODEL.mar")
     parser.add_argument(
-        "--model", help="the served model's name (default, and it must be: the name in the archive's manifest)"
+        "--model",
+        type=model_name,
+        help="the served model's name (default, and it must be: the name in the archive's manifest)",
     )
     parser.add_argument(
         "--probe", type=existing_file, default=REVIEW, help="a text file the new version must answer (200)"

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 # torch.manual_seed and numpy's generators both take seeds below 2**32.
 SEED_LIMIT = 2**32
+
+# A model's name and version are each one segment of TorchServe's and KServe's URLs (/models/NAME/VERSION,
+# /v1/models/NAME:predict) and name files in the store (NAME.mar): torch-model-archiver's own pattern for names. It
+# checks no version: an empty one left the manifest without a version (TorchServe registered it as 1.0, and
+# tooling.model_archive.archive_version, which scripts.update_model and the cluster snapshot read, failed with a
+# KeyError), and "1.0/x" names no version in a URL.
+URL_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+URL_SEGMENT_RULE = "letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 
 def _whole(value: str) -> int:
@@ -87,6 +96,18 @@ def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
 
     parse.__name__ = f"list of {item.__name__}"
     return parse
+
+
+def model_name(value: str) -> str:
+    if not URL_SEGMENT.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a model name: {URL_SEGMENT_RULE}")
+    return value
+
+
+def model_version(value: str) -> str:
+    if not URL_SEGMENT.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a model version (e.g. 2.0): {URL_SEGMENT_RULE}")
+    return value
 
 
 def _existing(value: str, noun: str, is_it: Callable[[Path], bool]) -> Path:

@@ -16,6 +16,8 @@ from tooling.cli_arguments import (
     existing_folder,
     fraction,
     list_of,
+    model_name,
+    model_version,
     non_negative_float,
     non_negative_int,
     output_folder,
@@ -35,6 +37,9 @@ ACCEPTED = [
     (fraction, "1", 1.0),
     (list_of(positive_int), "1,16, 64", [1, 16, 64]),
     (list_of(positive_float), "0.3", [0.3]),
+    (model_name, "sentiment-v2.1_en", "sentiment-v2.1_en"),
+    (model_version, "2.0", "2.0"),
+    (model_version, "20261128", "20261128"),
 ]
 
 REFUSED = [
@@ -55,6 +60,13 @@ REFUSED = [
     (list_of(positive_int), "13,,1"),
     (list_of(positive_int), "1,0"),
     (output_folder, ""),
+    (model_name, ""),
+    (model_name, "../escaped"),
+    (model_name, "two words"),
+    (model_version, ""),
+    (model_version, "1 0"),
+    (model_version, "1.0/extra"),
+    (model_version, ".1"),
 ]
 
 
@@ -142,6 +154,10 @@ COMMANDS = [
     ("soak", ["--workdir", "{out}", "--clients", "0"], "--clients"),
     ("soak", ["--workdir", "{out}", "--checkpoint", "{missing}"], "--checkpoint"),
     ("update_model", ["{mar}", "--grace-seconds", "-5"], "--grace-seconds"),
+    ("update_model", ["{mar}", "--model", "two words"], "--model"),
+    ("archive_model", ["{checkpoint}", "--export-path", "{out}", "--version", ""], "--version"),
+    ("archive_model", ["{checkpoint}", "--export-path", "{out}", "--name", "two words"], "--name"),
+    ("ports_free", ["--properties", "{missing}"], "--properties"),
 ]
 
 
