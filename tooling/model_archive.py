@@ -22,9 +22,15 @@ def manifest_model(archive: Path) -> dict:
         raise NotAnArchive(f"{archive}: not a TorchServe model archive ({exc})") from exc
 
 
+# The version TorchServe 0.12 gives an archive whose manifest names none (ModelManager.createModelArchive):
+# torch-model-archiver leaves it out for an empty --version, which archives made elsewhere may have.
+UNVERSIONED = "1.0"
+
+
 def archive_version(archive: Path) -> str:
-    """The model version recorded in a .mar (scripts/archive_model.py --version); TorchServe registers it by it."""
-    return str(manifest_model(archive)["modelVersion"])
+    """The model version TorchServe registers a .mar by: its manifest's (scripts/archive_model.py --version)."""
+    version = manifest_model(archive).get("modelVersion")
+    return UNVERSIONED if version is None else str(version)
 
 
 def archive_name(archive: Path) -> str:

@@ -4,7 +4,9 @@ call a truncated model_store/bert.mar, newer than its sources, up to date)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import zipfile
 
 import pytest
 
@@ -65,3 +67,13 @@ def test_a_file_name_of_its_own_keeps_the_model_name(tiny_checkpoint, tmp_path):
 def test_a_file_name_must_be_a_plain_archive_name(file_name):
     with pytest.raises(ValueError, match=r"plain NAME\.mar"):
         archiving.archive_file_name("tiny", file_name)
+
+
+def test_an_archive_without_a_version_is_read_as_torchserves_1_0(tmp_path):
+    """torch-model-archiver leaves the version out of the manifest for an empty --version, and TorchServe 0.12
+    registers such an archive as 1.0: scripts.update_model and the cluster snapshot read it the same way (it was a
+    KeyError)."""
+    archive = tmp_path / "unversioned.mar"
+    with zipfile.ZipFile(archive, "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "tiny", "handler": "h.py"}}))
+    assert (archive_name(archive), archive_version(archive)) == ("tiny", "1.0")
