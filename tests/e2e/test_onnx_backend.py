@@ -18,7 +18,7 @@ import pytest
 from handlers.onnx_forward import ONNX_FILE
 from tests.answers import assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
-from tests.support import logged_warnings
+from tests.support import logged_warnings, logs_caught_up
 from tooling.archiving import build_archive, write_model_config
 from tooling.inprocess import load_handler, unpacked_layout
 from tooling.paths import REPO
@@ -130,7 +130,9 @@ def test_concurrent_mixed_traffic_gets_pytorchs_answers_and_isolates_a_failing_i
         else:
             assert response.status_code == 200, response.text
             assert_same_answer(response.json(), want, tolerance=TOLERANCE)
-    # Each poisoned item shared a failing pass with neighbours, which the bisection then answered.
+    # Each poisoned item shared a failing pass with neighbours, which the bisection then answered. The worker's lines
+    # reach the log files apart from, and after, the answers.
+    logs_caught_up(torchserve, name)
     log = "\n".join(worker_lines(torchserve, name))
     groups = [int(n) for n in re.findall(r"forward pass failed for a group of (\d+) items", log)]
     assert groups and max(groups) > 1, "the poisoned items must have been batched with others"

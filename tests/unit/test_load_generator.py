@@ -178,18 +178,20 @@ def test_the_open_loop_sends_each_payload_with_its_headers_and_its_deadline():
 
 
 def test_a_request_past_its_timeout_is_given_up_and_its_connection_never_reused():
+    # Timeouts run from the schedule, and a generator beside busy cores sends up to a quarter of a second late:
+    # a timeout of 1.5 s leaves the quick answers room, the slow ones (3 s) none.
     def slow_every_fourth(n: int, body: str, request: web.Request):
-        return asyncio.sleep(1.0, answer_of(body)) if n % 4 == 0 else answer_of(body)
+        return asyncio.sleep(3.0, answer_of(body)) if n % 4 == 0 else answer_of(body)
 
     with serving(slow_every_fourth) as (url, server):
-        result = open_loop(url, {"Content-Type": "text/plain"}, TEXTS, rate=100, seconds=0.4, timeout_s=0.3,
+        result = open_loop(url, {"Content-Type": "text/plain"}, TEXTS, rate=100, seconds=0.4, timeout_s=1.5,
                            keep_bodies=True)  # fmt: skip
     summary = result.summary()
     assert summary["gave_up"] == 10 and summary["answered_in_time"] == 30  # every fourth of 40
     assert summary["connection_errors"] == 0 and summary["refused_total"] == 0
     # No late answer was read on a reused connection: every answer in time is its own text's.
     answered = [o for o in result.outcomes if o.status == 200]
-    assert all(json.loads(o.body) == ANSWERS[o.index % len(TEXTS)] and o.seconds < 0.3 for o in answered)
+    assert all(json.loads(o.body) == ANSWERS[o.index % len(TEXTS)] and o.seconds < 1.5 for o in answered)
     assert sum(server.bodies.values()) == 40
 
 
