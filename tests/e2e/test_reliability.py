@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import requests
 
@@ -133,25 +134,19 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
     small_queue_server, tiny_checkpoint, make_archive, loaded_handler, unpacked_model_dir
 ):
     server = small_queue_server
-    # The worker is held for 4 s and the burst follows as soon as it holds it: the 30 requests have about 4 s to
-    # arrive while it is busy, so "at most the queue plus the one in the worker are admitted" does not rest on
-    # how fast this machine starts 30 threads.
+    # The worker takes a blocker, and is frozen (SIGSTOP) while it holds it until every request of the burst has been
+    # refused or queued: "the queue's 4 are admitted, the rest refused at once" rests neither on how fast this machine
+    # starts 30 threads nor on the blocker's 4 s (which only has to outlast the freezing).
     archive = make_archive(tiny_checkpoint, "tiny-slow", fault_marker="SLOW", fault_delay_s=4.0)
     assert server.register(archive, batch_size=1, max_batch_delay=1).status_code == 200
     try:
         received = batches_received(server, "tiny-slow")
-        unblocked: list[float] = []  # when the blocker's answer came: the worker free again
-
-        def block() -> None:
-            server.predict("tiny-slow", "SLOW request holds the worker")
-            unblocked.append(time.monotonic())
-
-        blocker = threading.Thread(target=block)
+        blocker = threading.Thread(target=server.predict, args=("tiny-slow", "SLOW request holds the worker"))
         blocker.start()
-        # The worker has taken the blocker's batch: it is busy for four seconds from now.
         wait_until(
             lambda: batches_received(server, "tiny-slow") > received, 30, "tiny-slow's worker to take the blocker"
         )
+        worker = psutil.Process(worker_pid(server, "tiny-slow"))
 
         texts = [f"burst request {i}" for i in range(30)]
 
@@ -159,22 +154,31 @@ def test_burst_beyond_the_queue_gets_fast_503s_and_the_rest_are_served(
             response = server.predict("tiny-slow", text, timeout=60)
             return response.status_code, time.monotonic(), response.text
 
+        worker.suspend()
         with ThreadPoolExecutor(max_workers=30) as pool:
-            burst = list(pool.map(timed, texts))
+            try:
+                futures = [pool.submit(timed, text) for text in texts]
+
+                def decided() -> bool:  # each request answered (only a refusal can be, now) or in the queue
+                    done = sum(future.done() for future in futures)
+                    return done + server.describe("tiny-slow")[0]["jobQueueStatus"]["pendingRequests"] == len(texts)
+
+                wait_until(decided, 30, "every request of the burst to be refused or queued")
+                while_frozen = [future.result() for future in futures if future.done()]
+            finally:
+                worker.resume()
+            burst = [future.result() for future in futures]
         blocker.join()
         expected = expected_alone(loaded_handler, unpacked_model_dir, texts)
         rejected = [b for b in burst if b[0] == 503]
         admitted = [(b, e) for b, e in zip(burst, expected) if b[0] != 503]
         assert rejected, "a burst of 30 into a queue of 4 must shed load"
-        # At once, not after a wait: each 503 came back while the worker still held the blocker (a fixed bound of
-        # 1.5 s against the 4 s hold was a matter of how busy the machine was).
-        assert all(answered < unblocked[0] for _, answered, _ in rejected), (
-            "503s must come back at once, not after a wait"
-        )
+        # At once, not after a wait: every 503 came back while the worker was frozen, and nothing else did.
+        assert sorted(while_frozen) == sorted(rejected), [b[0] for b in while_frozen]
         for (status, _, body), single in admitted:
             assert status == 200, body
             assert_same_answer(json.loads(body), single)
-        assert len(admitted) <= 4 + 1
+        assert len(admitted) == 4  # the queue's size: the worker held the blocker
         after = [server.predict("tiny-slow", f"after the burst {i}").status_code for i in range(10)]
         assert after == [200] * 10
     finally:
