@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 # torch.manual_seed and numpy's generators both take seeds below 2**32.
 SEED_LIMIT = 2**32
@@ -24,6 +25,8 @@ SEED_LIMIT = 2**32
 # KeyError), and "1.0/x" names no version in a URL.
 URL_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 URL_SEGMENT_RULE = "letters, digits, '_', '-' and '.', starting with a letter or digit"
+
+T = TypeVar("T", int, float)
 
 
 def _whole(value: str) -> int:
@@ -43,46 +46,36 @@ def _finite(value: str) -> float:
     return number
 
 
-def positive_int(value: str) -> int:
-    number = _whole(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a whole number of 1 or more")
+def _bounded(read: Callable[[str], T], value: str, is_within: Callable[[T], bool], why: str) -> T:
+    """`value` read by `read`, refused with "<value> <why>" unless `is_within` holds for it."""
+    number = read(value)
+    if not is_within(number):
+        raise argparse.ArgumentTypeError(f"{value} {why}")
     return number
+
+
+def positive_int(value: str) -> int:
+    return _bounded(_whole, value, lambda n: n >= 1, "is not a whole number of 1 or more")
 
 
 def non_negative_int(value: str) -> int:
-    number = _whole(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return number
+    return _bounded(_whole, value, lambda n: n >= 0, "is negative")
 
 
 def seed(value: str) -> int:
-    number = non_negative_int(value)
-    if number >= SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to {SEED_LIMIT - 1})")
-    return number
+    return _bounded(non_negative_int, value, lambda n: n < SEED_LIMIT, f"is not a seed (0 to {SEED_LIMIT - 1})")
 
 
 def positive_float(value: str) -> float:
-    number = _finite(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not more than 0")
-    return number
+    return _bounded(_finite, value, lambda n: n > 0, "is not more than 0")
 
 
 def non_negative_float(value: str) -> float:
-    number = _finite(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return number
+    return _bounded(_finite, value, lambda n: n >= 0, "is negative")
 
 
 def fraction(value: str) -> float:
-    number = _finite(value)
-    if not 0.0 <= number <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is not a fraction between 0 and 1 (0.99 means 99 %)")
-    return number
+    return _bounded(_finite, value, lambda n: 0.0 <= n <= 1.0, "is not a fraction between 0 and 1 (0.99 means 99 %)")
 
 
 def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
@@ -98,16 +91,18 @@ def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
     return parse
 
 
-def model_name(value: str) -> str:
+def _url_segment(value: str, what: str) -> str:
     if not URL_SEGMENT.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a model name: {URL_SEGMENT_RULE}")
+        raise argparse.ArgumentTypeError(f"{value!r} is not a {what}: {URL_SEGMENT_RULE}")
     return value
+
+
+def model_name(value: str) -> str:
+    return _url_segment(value, "model name")
 
 
 def model_version(value: str) -> str:
-    if not URL_SEGMENT.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a model version (e.g. 2.0): {URL_SEGMENT_RULE}")
-    return value
+    return _url_segment(value, "model version (e.g. 2.0)")
 
 
 def _existing(value: str, noun: str, is_it: Callable[[Path], bool]) -> Path:
