@@ -7,9 +7,11 @@ TorchServe's frontend hands the worker one dict per request, parameter name -> b
   gRPC Predictions                        the request's input map, {"data": ...} by TorchServe's convention
 and, per request, a headers dict holding {"content-type": ...} for every parameter (the media
 type alone: TorchServe drops the charset) and the HTTP request headers under the names the client
-sent them (any case). The payload is the first of `body`, `text`, `data` present; a form or gRPC input
-map that also has a `text_pair` field is a pair of texts (handlers/instances.py), read as the JSON
-document {"text": ..., "text_pair": ...} would be.
+sent them (any case). The payload is the raw body where the frontend made one (an HTTP request that is not
+a form); in a form, the field `text`, else `data`, and a field that happens to be named `body` is a field like
+any other, ignored (it must never beat `text` nor drop its `text_pair`); over gRPC the input `text`, else `data`,
+else `body` (what TorchServe's own handlers read). A form or gRPC input map that also has a `text_pair` field is
+a pair of texts (handlers/instances.py), read as the JSON document {"text": ..., "text_pair": ...} would be.
 
 TorchServe's form parser also swallows the most common curl habit: `curl -d "some text"` sends
 application/x-www-form-urlencoded, and a body without `name=value` pairs arrives as no field at
@@ -36,9 +38,13 @@ from handlers.instances import PAIR_FIELD
 from handlers.rejection import Rejection
 
 TEXT_FIELD = "text"
-# Raw body first (it exists only when the body is not a form); then form fields / gRPC inputs,
-# `text` (what the JSON format calls it) before `data` (TorchServe's own convention).
-PAYLOAD_KEYS = ("body", TEXT_FIELD, "data")
+RAW_BODY = "body"  # the parameter TorchServe's frontend puts an HTTP request's body in when it is not a form
+# Which parameter carries the text, by how the request came. A form's or gRPC input map's fields: `text` (what the
+# JSON format calls it) before `data` (TorchServe's own convention). Over HTTP, query parameters arrive as
+# parameters too: the body comes first, and in a form a field or query parameter named `body` is not a payload.
+RAW_BODY_KEYS = (RAW_BODY, TEXT_FIELD, "data")
+FORM_KEYS = (TEXT_FIELD, "data")
+GRPC_KEYS = (TEXT_FIELD, "data", RAW_BODY)
 FORM_MEDIA_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
 DEFAULT_CHARSET = "utf-8"
 BOM = "\ufeff"
@@ -93,13 +99,39 @@ def _parse_content_type(value: str) -> ContentType:
     return ContentType._parse(value)
 
 
-def payload_of(item: Any) -> tuple[str | None, Any]:
-    """Return (parameter name, value) of the item's payload, or (None, None) if it has none."""
-    if isinstance(item, Mapping):
-        for key in PAYLOAD_KEYS:
-            if key in item:
-                return key, item[key]
+def sent_over_http(headers: Mapping[str, Any] | None) -> bool:
+    """Whether the request came over HTTP: TorchServe 0.12's frontend adds the header `explain` to every HTTP
+    inference request (and `url_path` to /predictions'); a gRPC request carries no request header at all."""
+    return request_header(headers, "explain") is not None or request_header(headers, "url_path") is not None
+
+
+def _is_raw_body(name: str | None, headers: Mapping[str, Any] | None) -> bool:
+    """Whether the parameter `name` is the request's raw body (its text whole: no field beside it is read)."""
+    return name == RAW_BODY and sent_over_http(headers) and not _declared_form(headers)
+
+
+def _declared_form(headers: Mapping[str, Any] | None) -> bool:
+    return ContentType.parse(request_header(headers, "content-type")).is_form
+
+
+def payload_of(item: Any, headers: Mapping[str, Any] | None) -> tuple[str | None, Any]:
+    """Return (parameter name, value) of the item's payload, or (None, None) if it has none.
+
+    `headers` (the request's, as TorchServe passes them) say how it came: a raw HTTP body, a form, or gRPC's input
+    map (no request headers, as a bare call).
+    """
+    if not isinstance(item, Mapping):
+        return None, None
+    for key in _payload_keys(headers):
+        if key in item:
+            return key, item[key]
     return None, None
+
+
+def _payload_keys(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
+    if _declared_form(headers):
+        return FORM_KEYS
+    return RAW_BODY_KEYS if sent_over_http(headers) else GRPC_KEYS
 
 
 @functools.lru_cache(maxsize=64)
@@ -195,7 +227,7 @@ def payload_content_type(headers: Mapping[str, Any] | None, name: str) -> Conten
     """
     request = ContentType.parse(request_header(headers, "content-type"))
     parameter = ContentType.parse(parameter_content_type(headers, name))
-    if name == "body" and request.media_type and not request.is_form:
+    if name == RAW_BODY and request.media_type and not request.is_form:
         return request
     return ContentType(parameter.media_type, parameter.charset or request.charset)
 
@@ -207,13 +239,16 @@ def _size(value: Any) -> int:
     return len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0
 
 
-def _without_payload(item: Any, headers: Mapping[str, Any] | None) -> Rejection:
-    """Why an item with none of the payload parameters cannot be served, and what to do."""
+def _without_payload(item: Any, headers: Mapping[str, Any] | None, as_json: bool) -> Rejection:
+    """Why an item with none of the payload parameters cannot be served, and what to do (on a route that reads
+    JSON, a form's fix is the JSON header: a text field would not be read there either)."""
     fields = len(item) if isinstance(item, Mapping) else 0
     request = ContentType.parse(request_header(headers, "content-type"))
     if request.is_form:
         if fields == 0 and (request_header(headers, "content-length") or "").strip() == "0":
             return rejection.empty_text()  # an empty form: nothing was sent
+        if as_json:
+            return rejection.form_on_json_route(request.media_type, fields)
         return rejection.form_without_text(request.media_type, fields)
     if fields:
         return rejection.missing_input(fields)
@@ -227,14 +262,14 @@ def decode_request(
 
     `as_json`: the payload is JSON whatever its Content-Type says (a KServe route; its charset still counts).
     """
-    name, value = payload_of(item)
+    name, value = payload_of(item, headers)
     if name is None:
-        return _without_payload(item, headers)
+        return _without_payload(item, headers, as_json)
     content_type = payload_content_type(headers, name)
     if as_json:
         content_type = ContentType("application/json", content_type.charset)
     decoded = _decode(value, content_type, max_bytes)
-    if name == "body" or PAIR_FIELD not in item or isinstance(decoded, Rejection):
+    if _is_raw_body(name, headers) or PAIR_FIELD not in item or isinstance(decoded, Rejection):
         return decoded
     # A form (or gRPC input map) with a second text: a pair, each field decoded with its own content type.
     if isinstance(decoded, Document):  # never read as a document with its text_pair dropped

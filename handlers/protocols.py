@@ -105,7 +105,7 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     if route == ROUTE_KSERVE:
         header_length = request_header(headers, HEADER_LENGTH)
         if header_length is not None:
-            envelope = _binary_envelope(item, header_length, max_bytes, max_instances)
+            envelope = _binary_envelope(item, headers, header_length, max_bytes, max_instances)
         else:
             envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
         return replace(envelope, kserve_route=True)
@@ -118,7 +118,7 @@ def _read_unknown_route(
     item: Any, headers: Mapping[str, Any] | None, max_bytes: int, max_instances: int
 ) -> ParsedRequest:
     """TorchServe's gRPC API: a body with no declared media type is an envelope when it is a well-formed one."""
-    name, _ = payload_of(item)
+    name, _ = payload_of(item, headers)
     if name is not None and not payload_content_type(headers, name).media_type:
         envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
         if envelope.error is None:
@@ -146,13 +146,15 @@ def parse_envelope(decoded: str | Document | Rejection, max_instances: int) -> P
     return ParsedRequest(PREDICTIONS, error=rejection.malformed_request("KServe", message))
 
 
-def _binary_envelope(item: Any, header_length: str, max_bytes: int, max_instances: int) -> ParsedRequest:
+def _binary_envelope(
+    item: Any, headers: Mapping[str, Any] | None, header_length: str, max_bytes: int, max_instances: int
+) -> ParsedRequest:
     """A v2 request in the binary tensor extension: its JSON header with the binary inputs' texts written in."""
 
     def malformed(message: str) -> ParsedRequest:
         return ParsedRequest(KSERVE_V2, error=rejection.malformed_request("Open Inference Protocol", message))
 
-    _, value = payload_of(item)
+    _, value = payload_of(item, headers)
     if not isinstance(value, (bytes, bytearray, memoryview)):
         return malformed(f"{HEADER_LENGTH} was sent, but the body did not arrive as bytes")
     raw = bytes(value)
@@ -233,7 +235,8 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
 
     inputs = document["inputs"]
     if not isinstance(inputs, list) or not inputs:
-        return malformed("'inputs' must be a non-empty array")
+        got = "" if isinstance(inputs, list) else f", got {json_type_name(inputs)}"
+        return malformed(f"'inputs' must be a non-empty array of input tensors{got}{_plain_texts_hint(inputs)}")
     if len(inputs) > 2:
         return malformed(f"expected one input tensor of texts (or two: {TEXT_FIELD!r} and {PAIR_FIELD!r}), "
                          f"got {len(inputs)}")  # fmt: skip
@@ -241,7 +244,7 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
     for index, tensor in enumerate(inputs):
         column = _v2_texts(tensor, index)
         if isinstance(column, str):
-            return malformed(column)
+            return malformed(column + _plain_texts_hint(inputs))
         columns.append(column)
     text_input = 0
     if len(inputs) == 1:
@@ -317,6 +320,14 @@ def _flag(parameters: Any, key: str, where: str) -> bool | str | None:
     if value is None or isinstance(value, bool):
         return value
     return f"{where}.{key} must be a boolean, got {json_type_name(value)}"
+
+
+def _plain_texts_hint(inputs: Any) -> str:
+    """Where `inputs` holds texts themselves (Hugging Face's {"inputs": "..."}, the habit of its endpoints), the
+    formats that take texts as they are; else nothing."""
+    if isinstance(inputs, str) or (isinstance(inputs, list) and all(isinstance(value, str) for value in inputs)):
+        return '; to send texts as they are: {"text": "..."} on /predictions, or {"instances": ["..."]} (KServe v1)'
+    return ""
 
 
 def _v2_texts(tensor: Any, index: int) -> list[str] | str:

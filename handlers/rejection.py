@@ -130,6 +130,20 @@ def form_without_text(media_type: str, fields: int) -> Rejection:
     return Rejection(400, "FormWithoutText", f"received {received}: {fix}")
 
 
+def form_on_json_route(media_type: str, fields: int) -> Rejection:
+    """A form body (curl -d without a Content-Type) on a route that reads only JSON (KServe v1 and v2): TorchServe's
+    frontend parsed it as a form before the handler saw it, so the JSON is lost; only the header mends it."""
+    kind = "a multipart form" if media_type == "multipart/form-data" else f"a form body ({media_type})"
+    received = f"{kind} with {fields} field{'s' if fields != 1 else ''}"
+    return Rejection(
+        400,
+        "FormWithoutText",
+        f"received {received} on a route that reads JSON: TorchServe parsed the body as a form, so it never "
+        'arrived; send it with -H "Content-Type: application/json" (curl -d and --data-binary declare '
+        "application/x-www-form-urlencoded unless told otherwise)",
+    )
+
+
 def missing_input(inputs: int) -> Rejection:
     """A request without a body whose inputs (gRPC's input map) include neither `text` nor `data`."""
     return Rejection(

@@ -15,6 +15,8 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
     ("v1 empty instance", {"instances": ["good one", "", "another"]}, 400, "EmptyText", "instances[1]"),
     ("v2 inputs not a list", {"inputs": {"name": "text"}}, 400, "MalformedRequest", "non-empty array"),
     ("v2 no inputs", {"inputs": []}, 400, "MalformedRequest", "non-empty array"),
+    ("Hugging Face style inputs", {"inputs": "a text"}, 400, "MalformedRequest", '{"text": "..."} on /predictions'),
+    ("inputs a list of texts", {"inputs": ["a", "b"]}, 400, "MalformedRequest", '{"instances": ["..."]}'),
     ("v1 text_pair of wrong type", {"instances": [{"text": "a", "text_pair": 3}]}, 400, "WrongType", "'text_pair'"),
     ("v1 empty text_pair", {"instances": ["ok", {"text": "a", "text_pair": ""}]}, 400, "EmptyText", "[1]: text_pair"),
     (

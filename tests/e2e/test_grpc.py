@@ -127,6 +127,9 @@ def test_a_text_pair_input_makes_a_pair_as_json_does_over_http(stub, protos, tor
     assert predict(stub, protos, torchserve, {"data": query.encode()})["scores"] != answer["scores"]
     refused = predict(stub, protos, torchserve, {"data": query.encode(), "text_pair": b"\xff"})
     assert (refused["code"], refused["type"]) == (400, "InvalidUTF8") and "text_pair" in refused["message"]
+    # An input named `body` (TorchServe's name for an HTTP body) beside the text is not the text, nor drops the pair.
+    beside = {"body": b"Awful, dirty room.", "text": query.encode(), "text_pair": passage.encode()}
+    assert predict(stub, protos, torchserve, beside)["scores"] == pytest.approx(over_http.json()["scores"], abs=1e-4)
 
 
 def test_a_rejected_item_is_a_successful_call_carrying_the_error(stub, protos, torchserve, model):

@@ -167,6 +167,40 @@ def test_a_text_pair_field_makes_a_pair_in_both_form_kinds_as_in_json(torchserve
     assert "text_pair" in body["message"]
 
 
+def test_a_field_named_body_is_a_field_like_any_other_never_the_text(torchserve, url, reference):
+    # TorchServe names a raw body `body`; a form field of that name must neither beat `text` nor drop `text_pair`.
+    query, passage, decoy = "is breakfast included", "Breakfast is served daily from seven.", "Awful, dirty room."
+    as_json = post(torchserve, url, json={"text": query, "text_pair": passage})
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.json()["scores"] != reference(decoy)["scores"]  # else the test could not tell them apart
+    urlencoded = post(torchserve, url, data={"text": query, "text_pair": passage, "body": decoy})
+    assert_same_answer(urlencoded, as_json.json())
+    multipart = post(torchserve, url, files={"body": (None, ""), "text": (None, query), "text_pair": (None, passage)})
+    assert_same_answer(multipart, as_json.json())
+    assert_rejected(post(torchserve, url, data={"body": decoy}), 400, "FormWithoutText")
+
+
+def test_curl_d_on_a_kserve_route_is_told_to_declare_json_and_that_fix_works(torchserve, model, review_file):
+    # curl -d declares a form, so TorchServe parses the JSON as one before the handler sees it: only the header helps.
+    v1 = f"{torchserve.inference_url}/v1/models/{model}:predict"
+    document = json.dumps({"instances": [SHORT]})
+    for arguments in (["-d", document], ["--data-binary", document]):
+        body = assert_rejected(curl(torchserve, v1, *arguments, cwd=review_file.parent), 400, "FormWithoutText")
+        assert '-H "Content-Type: application/json"' in body["message"], body
+        assert "text/plain" not in body["message"] and "loved" not in body["message"]
+    status, answer = curl(
+        torchserve, v1, "-H", "Content-Type: application/json", "-d", document, cwd=review_file.parent
+    )
+    assert status == 200 and len(answer["predictions"]) == 1, answer
+
+
+def test_a_hugging_face_style_body_is_pointed_to_the_text_field(torchserve, url, reference):
+    # {"inputs": "..."} is what Hugging Face endpoints take; here it reads as a malformed v2 request: say what works.
+    body = assert_rejected(post(torchserve, url, json={"inputs": SHORT}), 400, "MalformedRequest")
+    assert '{"text": "..."} on /predictions' in body["message"] and SHORT not in body["message"]
+    assert_same_answer(post(torchserve, url, json={"text": SHORT}), reference(SHORT))
+
+
 def test_a_repeated_field_counts_once_the_last_one(torchserve, url, reference):
     # TorchServe's worker keeps one value per field name: the last one sent.
     response = post(torchserve, url, data=[("text", "first of two"), ("text", "second of two")])

@@ -85,12 +85,48 @@ def test_pre_parsed_json_that_is_not_an_object():
     assert isinstance(outcome, Rejection) and outcome.type == "NotAnObject"
 
 
-def test_payload_of_prefers_body_then_text_then_data():
-    assert payload_of({"body": b"a", "text": b"t", "data": b"b"}) == ("body", b"a")
-    assert payload_of({"data": b"b", "text": b"t"}) == ("text", b"t")
-    assert payload_of({"data": b"b", "other": b"o"}) == ("data", b"b")
-    assert payload_of({}) == (None, None)
-    assert payload_of("not a dict") == (None, None)
+def test_payload_of_reads_the_raw_body_first_and_a_form_or_grpc_by_text_then_data():
+    # Over HTTP a body that is not a form is the text, whatever query parameters arrived beside it (?text=...).
+    item, headers = raw_body(b"a")
+    assert payload_of({**item, "text": b"t", "data": b"d"}, headers) == ("body", b"a")
+    # In a form, a field (or query parameter) named `body` is a field like any other: `text`, else `data`.
+    for content_type in (URLENCODED, MULTIPART):
+        item, headers = form({"body": b"a", "text": b"t", "data": b"d"}, content_type)
+        assert payload_of(item, headers) == ("text", b"t")
+        item, headers = form({"body": b"a", "data": b"d"}, content_type)
+        assert payload_of(item, headers) == ("data", b"d")
+        item, headers = form({"body": b"a"}, content_type)
+        assert payload_of(item, headers) == (None, None)
+    # gRPC's input map: `text`, else `data`, else `body` (what TorchServe's own handlers read).
+    assert payload_of(*grpc({"body": b"a", "text": b"t", "data": b"d"})) == ("text", b"t")
+    assert payload_of(*grpc({"body": b"a", "data": b"d"})) == ("data", b"d")
+    assert payload_of(*grpc({"body": b"a", "other": b"o"})) == ("body", b"a")
+    assert payload_of({}, None) == (None, None)
+    assert payload_of("not a dict", None) == (None, None)
+
+
+def test_a_form_field_named_body_neither_beats_the_text_nor_drops_its_pair():
+    # curl --data-urlencode "text=a" --data-urlencode "text_pair=b" --data-urlencode "body=hello"
+    pair = Document({"text": "a", "text_pair": "b"})
+    assert decode(form({"text": b"a", "text_pair": b"b", "body": b"hello"})) == pair
+    assert decode(form({"body": b"", "text": b"a", "text_pair": b"b"}, MULTIPART)) == pair
+    assert decode(form({"body": b"", "text": REVIEW.encode()}, MULTIPART)) == REVIEW
+    assert decode(form({"body": REVIEW.encode()})) == rejection.form_without_text(URLENCODED, 1)
+    # Over gRPC a `body` input beside the text is not the text either, and a pair read from it keeps its pair.
+    assert decode(grpc({"body": b"hello", "text": b"a", "text_pair": b"b"})) == pair
+    assert decode(grpc({"body": b"a", "text_pair": b"b"})) == pair
+
+
+def test_a_form_on_a_route_that_reads_json_is_told_to_declare_json():
+    # curl -d '{"instances": ["Loved it."]}' on a KServe route: TorchServe parsed it as a form, no field arrived.
+    sent = (form({}, content_length=30), form({'{"instances": ["a': b'b"]}'}), form({"x": b"y"}, MULTIPART))
+    for item, headers in sent:
+        outcome = decode_request(item, headers, LIMIT, as_json=True)
+        assert (outcome.status, outcome.type) == (400, "FormWithoutText")
+        assert "Content-Type: application/json" in outcome.message and "text/plain" not in outcome.message
+        assert "instances" not in outcome.message  # never the field names: they may be the text
+    # The same body on /predictions keeps the advice that works there.
+    assert decode(form({}, content_length=30)) == rejection.form_without_text(URLENCODED, 0)
 
 
 @pytest.mark.parametrize(
@@ -357,6 +393,7 @@ def test_new_rejections_have_the_error_shape():
     for reason in (
         rejection.form_without_text(URLENCODED, 0),
         rejection.form_without_text("multipart/form-data", 2),
+        rejection.form_on_json_route(URLENCODED, 0),
         rejection.missing_input(1),
         rejection.unsupported_charset("x"),
         rejection.invalid_encoding("utf-16", 3),
