@@ -1,0 +1,137 @@
+"""An offline wheelhouse for a host that reaches no package index (an air-gapped GPU host, a locked-down cluster node):
+
+    .venv/bin/python -m scripts.wheelhouse DIR [--python-version 3.12] [--platform manylinux_2_28_x86_64]
+                                               [--skip torch ...] [--only NAME ...]
+
+Every pin of requirements.lock (torch aside: a GPU host keeps its own CUDA torch, scripts/setup.sh) as a wheel for that
+Python and platform, in DIR. A pin published only as a source distribution (nvgpu) is built into a wheel here, which
+must be pure Python to serve another machine. Copied to the host, README command 1 installs from it with pip's own
+offline switches (docs/development.md, "Set-up"):
+
+    PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR scripts/serve.sh
+
+Which packages the host already has is not guessed here: pip takes what the host has and what the lock's constraints
+allow, and the wheelhouse holds the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.constraints_beside import canonical
+from tooling.paths import REPO
+
+LOCK = REPO / "requirements.lock"
+PURE_TAG = re.compile(r"-py[23.]*-none-any\.whl$")  # py3-none-any, py2.py3-none-any
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def lock_pins(lock_text: str, skip: Iterable[str] = ()) -> list[Pin]:
+    """The lock's `name==version` lines, less the packages named in `skip`."""
+    skipped = {canonical(name) for name in skip}
+    pins = []
+    for line in lock_text.splitlines():
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", line.strip())
+        if match and not line.startswith((" ", "#")) and canonical(match[1]) not in skipped:
+            pins.append(Pin(match[1], match[2]))
+    return pins
+
+
+LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def compatible_platforms(platform: str) -> list[str]:
+    """The wheel platform tags a host of `platform` installs: for manylinux_2_N, every older glibc's tag too and the
+    legacy aliases (pip's --platform takes the tags literally: manylinux_2_28 alone misses a manylinux_2_17 wheel)."""
+    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if not match:
+        return [platform, "any"]
+    newest, arch = int(match[1]), match[2]
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
+    tags += [f"{legacy}_{arch}" for minor, legacy in LEGACY_MANYLINUX.items() if minor <= newest]
+    return [*tags, "any"]
+
+
+def _pip(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pip", *arguments], capture_output=True, text=True, check=False)
+
+
+def fetch(pin: Pin, directory: Path, python_version: str, platform: str) -> str:
+    """Put `pin`'s wheel for that Python and platform into `directory`; return how ("wheel" or "built")."""
+    target = ["--python-version", python_version]
+    for tag in compatible_platforms(platform):
+        target += ["--platform", tag]
+    downloaded = _pip("download", "--no-deps", "--only-binary=:all:", *target, "--dest", str(directory), str(pin))
+    if downloaded.returncode == 0:
+        return "wheel"
+    if "No matching distribution" not in downloaded.stderr:
+        raise RuntimeError(f"{pin}: pip download failed:\n{downloaded.stderr.strip()}")
+    # No wheel for that target: build one from the source distribution, usable elsewhere only if pure Python.
+    with tempfile.TemporaryDirectory() as scratch:
+        built = _pip("wheel", "--no-deps", "--wheel-dir", scratch, str(pin))
+        if built.returncode != 0:
+            raise RuntimeError(f"{pin}: no wheel for Python {python_version}, and building one failed:\n{built.stderr}")
+        wheels = list(Path(scratch).glob("*.whl"))
+        impure = [wheel.name for wheel in wheels if not PURE_TAG.search(wheel.name)]
+        if impure:
+            raise RuntimeError(f"{pin}: no wheel for Python {python_version} on {platform}; built here: {impure}")
+        for wheel in wheels:
+            wheel.replace(directory / wheel.name)
+    return "built"
+
+
+def build(directory: Path, pins: Sequence[Pin], python_version: str, platform: str) -> list[str]:
+    """Fetch every pin's wheel into `directory`; return the pins built here from source."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=4) as pool:  # pip's start dominates each fetch: a few at once
+        outcomes = list(pool.map(lambda pin: fetch(pin, directory, python_version, platform), pins))
+    return [str(pin) for pin, how in zip(pins, outcomes) if how == "built"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path, help="where the wheels go (made if missing)")
+    parser.add_argument("--python-version", default="3.12", help="the host's Python, e.g. 3.12 (default)")
+    parser.add_argument("--platform", default="manylinux_2_28_x86_64", help="the host's wheel platform tag")
+    parser.add_argument("--skip", nargs="*", default=["torch"], help="packages the host brings (default: torch)")
+    parser.add_argument("--only", nargs="*", help="these packages of the lock alone")
+    arguments = parser.parse_args(argv)
+    pins = lock_pins(LOCK.read_text(), arguments.skip)
+    if arguments.only:
+        wanted = {canonical(name) for name in arguments.only}
+        pins = [pin for pin in pins if canonical(pin.name) in wanted]
+        missing = wanted - {canonical(pin.name) for pin in pins}
+        if missing:
+            parser.error(f"not in requirements.lock: {', '.join(sorted(missing))}")
+    try:
+        built = build(arguments.directory, pins, arguments.python_version, arguments.platform)
+    except RuntimeError as error:
+        print(f"wheelhouse: {error}", file=sys.stderr)
+        return 1
+    wheels = sorted(arguments.directory.glob("*.whl"))
+    size = sum(wheel.stat().st_size for wheel in wheels) / MIB
+    print(f"{arguments.directory}: {len(wheels)} wheels, {size:.1f} MiB, for {len(pins)} pins of requirements.lock"
+          + (f"; built here from source: {', '.join(built)}" if built else ""))  # fmt: skip
+    print(f"offline set-up on the host: PIP_NO_INDEX=1 PIP_FIND_LINKS={arguments.directory} scripts/serve.sh")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""scripts/wheelhouse.py: the lock's pins as wheels for another host's Python, read by pip run for real.
+
+The last test asks the package index (CI's set-up reaches it too) for three pins of the lock that exercise each way
+a wheel is found: one tagged only for an older glibc than the host's, one pure Python, one published only as source.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+
+from scripts.wheelhouse import LOCK, Pin, compatible_platforms, lock_pins
+from tooling.paths import REPO
+
+
+def test_every_pin_of_the_lock_is_read_and_the_skipped_ones_left_out():
+    text = LOCK.read_text()
+    pinned = [line for line in text.splitlines() if re.match(r"[A-Za-z0-9]", line) and "==" in line]
+    pins = lock_pins(text)
+    assert len(pins) == len(pinned) > 100
+    assert Pin("nvgpu", "0.10.0") in pins
+    assert not any(pin.name.startswith("#") or " " in pin.version for pin in pins)
+    skipped = lock_pins(text, skip=["NVGPU", "nvidia_ml_py"])  # any spelling of a name
+    assert {pin.name for pin in pins} - {pin.name for pin in skipped} == {"nvgpu", "nvidia-ml-py"}
+
+
+def test_a_lock_line_that_is_a_comment_or_a_via_note_is_no_pin():
+    text = "# via torch\nsix==1.17.0\n    # via kserve\n  indented==1.0\nrich==14.0 ; python_version < '4'\n"
+    assert lock_pins(text) == [Pin("six", "1.17.0")]
+
+
+def test_a_manylinux_host_takes_every_older_glibc_tag_and_the_legacy_aliases():
+    tags = compatible_platforms("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and tags[-1] == "any"
+    for older in ("manylinux_2_17_x86_64", "manylinux_2_5_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"):
+        assert older in tags
+    assert "manylinux_2_29_x86_64" not in tags
+    assert "manylinux2014_x86_64" not in compatible_platforms("manylinux_2_12_x86_64")
+    assert compatible_platforms("linux_aarch64") == ["linux_aarch64", "any"]
+
+
+def test_a_wheelhouse_for_python_3_12_from_this_python_3_11(tmp_path):
+    # brotli 1.2.1's Linux wheels for 3.12 are tagged manylinux_2_17 alone; six is pure; nvgpu has no wheel at all.
+    command = [sys.executable, "-m", "scripts.wheelhouse", str(tmp_path), "--python-version", "3.12"]
+    done = subprocess.run(
+        [*command, "--only", "brotli", "six", "nvgpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    wheels = sorted(path.name for path in tmp_path.glob("*.whl"))
+    assert len(wheels) == 3, wheels
+    brotli, nvgpu, six = wheels
+    assert brotli.startswith("brotli-1.2.1-cp312-cp312-") and "manylinux_2_17_x86_64" in brotli
+    assert nvgpu == "nvgpu-0.10.0-py3-none-any.whl" and six.startswith("six-1.17.0-py")
+    with zipfile.ZipFile(tmp_path / nvgpu) as built:  # a real wheel, its metadata included
+        assert any(name.endswith(".dist-info/METADATA") for name in built.namelist())
+    assert "built here from source: nvgpu==0.10.0" in done.stdout
+    assert f"PIP_NO_INDEX=1 PIP_FIND_LINKS={tmp_path}" in done.stdout
