@@ -1,7 +1,7 @@
 """An offline wheelhouse for a host that reaches no package index (an air-gapped GPU host, a locked-down cluster node):
 
     .venv/bin/python -m scripts.wheelhouse DIR [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-                                               [--skip torch ...] [--only NAME ...]
+                                               [--skip torch ...] [--only NAME ...] [--host-freeze FILE]
 
 Every pin of requirements.lock (torch aside: a GPU host keeps its own CUDA torch, scripts/setup.sh) as a wheel for that
 Python and platform, in DIR. A pin published only as a source distribution (nvgpu) is built into a wheel here, which
@@ -10,8 +10,8 @@ offline switches (docs/development.md, "Set-up"):
 
     PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR scripts/serve.sh
 
-Which packages the host already has is not guessed here: pip takes what the host has and what the lock's constraints
-allow, and the wheelhouse holds the rest.
+Which packages the host already has is not guessed: --host-freeze reads its `pip freeze`, and a pin it has at the
+lock's version is left out (pip keeps an installed package that meets the constraints).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.constraints_beside import canonical
+from tooling.cli_arguments import existing_file
 from tooling.paths import REPO
 
 LOCK = REPO / "requirements.lock"
@@ -67,6 +68,16 @@ def compatible_platforms(platform: str) -> list[str]:
     tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
     tags += [f"{legacy}_{arch}" for minor, legacy in LEGACY_MANYLINUX.items() if minor <= newest]
     return [*tags, "any"]
+
+
+def host_has(freeze_text: str) -> set[str]:
+    """`pip freeze`'s lines as `name==version` (canonical names): what the host already has, exactly."""
+    have = set()
+    for line in freeze_text.splitlines():
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line.strip())
+        if match:
+            have.add(f"{canonical(match[1])}=={match[2]}")
+    return have
 
 
 def _pip(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -112,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--platform", default="manylinux_2_28_x86_64", help="the host's wheel platform tag")
     parser.add_argument("--skip", nargs="*", default=["torch"], help="packages the host brings (default: torch)")
     parser.add_argument("--only", nargs="*", help="these packages of the lock alone")
+    parser.add_argument(
+        "--host-freeze",
+        type=existing_file,
+        help="the host's `pip freeze`: a pin it has at the lock's version is not fetched (another version is)",
+    )
     arguments = parser.parse_args(argv)
     pins = lock_pins(LOCK.read_text(), arguments.skip)
     if arguments.only:
@@ -120,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = wanted - {canonical(pin.name) for pin in pins}
         if missing:
             parser.error(f"not in requirements.lock: {', '.join(sorted(missing))}")
+    if arguments.host_freeze:
+        have = host_has(arguments.host_freeze.read_text())
+        pins = [pin for pin in pins if f"{canonical(pin.name)}=={pin.version}" not in have]
     try:
         built = build(arguments.directory, pins, arguments.python_version, arguments.platform)
     except RuntimeError as error:

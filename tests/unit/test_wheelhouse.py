@@ -11,7 +11,7 @@ import subprocess
 import sys
 import zipfile
 
-from scripts.wheelhouse import LOCK, Pin, compatible_platforms, lock_pins
+from scripts.wheelhouse import LOCK, Pin, compatible_platforms, host_has, lock_pins, main
 from tooling.paths import REPO
 
 
@@ -62,3 +62,13 @@ def test_a_wheelhouse_for_python_3_12_from_this_python_3_11(tmp_path):
         assert any(name.endswith(".dist-info/METADATA") for name in built.namelist())
     assert "built here from source: nvgpu==0.10.0" in done.stdout
     assert f"PIP_NO_INDEX=1 PIP_FIND_LINKS={tmp_path}" in done.stdout
+
+
+def test_what_the_host_has_at_the_locks_version_is_not_fetched(tmp_path, capsys):
+    freeze = tmp_path / "host-freeze.txt"
+    freeze.write_text("Six==1.17.0\nnvgpu==0.9.0\ntorch @ file:///wheels/torch.whl\n-e git+https://x/y#egg=z\n")
+    assert host_has(freeze.read_text()) == {"six==1.17.0", "nvgpu==0.9.0"}
+    # six at the lock's version is there; nvgpu at another version is not, so it would be fetched.
+    assert main([str(tmp_path / "wheels"), "--only", "six", "--host-freeze", str(freeze)]) == 0
+    assert "0 wheels, 0.0 MiB, for 0 pins" in capsys.readouterr().out
+    assert not list((tmp_path / "wheels").glob("*.whl"))
