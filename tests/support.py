@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ipaddress
 import json
 import logging
 import os
@@ -11,9 +12,10 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
+import psutil
 import pytest
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -232,3 +234,17 @@ def worker_ended(script: str, model_dir: Path, texts: list[str]) -> tuple[int, s
     )  # fmt: skip
     output = ended.stdout + ended.stderr
     return ended.returncode, output, [line for line in output.splitlines() if line.startswith("CRITICAL:")]
+
+
+def listening(processes: Iterable[psutil.Process]) -> dict[int, set[str]]:
+    """Port -> the addresses these processes listen on (TCP), an IPv4-mapped IPv6 address written as IPv4 (Java
+    listens on IPv6 sockets: its 127.0.0.1 shows as ::ffff:127.0.0.1)."""
+    sockets: dict[int, set[str]] = {}
+    for process in processes:
+        connections = getattr(process, "net_connections", process.connections)
+        for connection in connections(kind="inet"):
+            if connection.status == psutil.CONN_LISTEN:
+                address = ipaddress.ip_address(connection.laddr.ip.split("%")[0])
+                address = getattr(address, "ipv4_mapped", None) or address
+                sockets.setdefault(connection.laddr.port, set()).add(str(address))
+    return sockets

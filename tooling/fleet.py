@@ -59,10 +59,12 @@ from tooling.paths import REPO
 from tooling.processes import in_parallel, java_frontend, process_record, same_process, stop_recorded, wait_for
 from tooling.torchserve import (
     ADDRESS_KEYS,
+    SERVER_UMASK,
     TorchServe,
     all_workers_ready,
     free_port,
     new_load_failure,
+    owner_only,
     port_in_use,
     server_ports,
 )
@@ -246,7 +248,7 @@ class Fleet:
         archive = Path(self.spec.model_store) / self.spec.archive
         if not archive.is_file():
             raise FleetError(f"no archive {archive} (scripts/setup.sh builds model_store/bert.mar)")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.response_timeout = self.response_timeout_of(self.spec.archive)
         try:
             self._start_replicas(timeout)
@@ -436,7 +438,9 @@ class Fleet:
     # ---- HAProxy and Prometheus -------------------------------------------------------------------
 
     def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
-        log = open(self.dir / log_name, "ab")  # noqa: SIM115 - closed in down()
+        # Private, as the replicas' own files are (SERVER_UMASK): HAProxy's log names clients by address and port,
+        # and Prometheus' data holds every series; neither is for the machine's other users.
+        log = open(self.dir / log_name, "ab", opener=owner_only)  # noqa: SIM115 - closed in down()
         self._logs.append(log)
         # Its own session: `up` returns and the fleet runs on; Ctrl-C in the shell does not reach it.
         return subprocess.Popen(
@@ -446,6 +450,7 @@ class Fleet:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=SERVER_UMASK,
         )
 
     def _start_haproxy(self) -> None:

@@ -347,7 +347,7 @@ SERVER_UMASK = 0o077
 IGNORED_VARIABLES = ("TS_CONFIG_FILE", "TS_OPEN_INFERENCE_PROTOCOL")
 
 
-def _owner_only(path: str, flags: int) -> int:
+def owner_only(path: str, flags: int) -> int:
     """open()'s opener for a file created readable by its owner alone, whatever this process's umask."""
     return os.open(path, flags, 0o600)
 
@@ -456,7 +456,7 @@ class TorchServe:
             "--log-config", str(LOG_CONFIG),  # TorchServe's own logging, query strings redacted from the access log
         ]  # fmt: skip
         # Its standard output (the access log among it) is its owner's alone, as every file it writes itself.
-        console = open(self.log_dir.parent / "console.log", "ab", opener=_owner_only)  # noqa: SIM115 - closed in stop()
+        console = open(self.log_dir.parent / "console.log", "ab", opener=owner_only)  # noqa: SIM115 - closed in stop()
         self._console = console
         self.process = subprocess.Popen(
             command,

@@ -7,7 +7,6 @@ only addresses and ports changed, and TS_SERVICE_ENVELOPE=kserve in its environm
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import shlex
@@ -24,7 +23,7 @@ import pytest
 import requests
 
 from tests.e2e.conftest import CLUSTER_OPTIONS, ENVELOPE_ENV
-from tests.support import JSON, TEXT
+from tests.support import JSON, TEXT, listening
 from tooling import cluster_config
 from tooling.cluster_config import DEFAULT_RESPONSE_TIMEOUT_S
 from tooling.inprocess import make_context, set_batch
@@ -34,21 +33,6 @@ from tooling.torchserve import read_properties
 MODEL_READY_PROBE = REPO / "deploy" / "docker" / "model_ready.py"
 
 pytestmark = pytest.mark.e2e
-
-
-def _listening(server) -> dict[int, set[str]]:
-    """Port -> addresses the server's processes listen on (the Java frontend is a child of the launcher)."""
-    launcher = psutil.Process(server.process.pid)
-    sockets: dict[int, set[str]] = {}
-    for process in [launcher, *launcher.children(recursive=True)]:
-        connections = getattr(process, "net_connections", process.connections)
-        for conn in connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                address = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
-                # Java listens on IPv6 sockets; 127.0.0.1 shows as ::ffff:127.0.0.1.
-                address = getattr(address, "ipv4_mapped", None) or address
-                sockets.setdefault(conn.laddr.port, set()).add(str(address))
-    return sockets
 
 
 def _in_process_answer(handler, model_dir, body: bytes, content_type: str) -> tuple[int, dict]:
@@ -101,13 +85,14 @@ def test_management_and_grpc_listen_on_loopback_only(kserve_config_server, kserv
     assert urlsplit(generated["management_address"]).hostname == "127.0.0.1"
     assert urlsplit(server.management_url).hostname == "127.0.0.1"
     assert generated["grpc_inference_address"] == generated["grpc_management_address"] == "127.0.0.1"
-    listening = _listening(server)
+    launcher = psutil.Process(server.process.pid)  # the Java frontend is a child of the launcher
+    sockets = listening([launcher, *launcher.children(recursive=True)])
     for port in (
         urlsplit(server.management_url).port,
         int(server.properties["grpc_inference_port"]),
         int(server.properties["grpc_management_port"]),
     ):
-        assert listening.get(port) == {"127.0.0.1"}, (port, listening)
+        assert sockets.get(port) == {"127.0.0.1"}, (port, sockets)
 
 
 def test_no_token_is_needed_anywhere(kserve_config_server):

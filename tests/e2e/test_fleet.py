@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import expected_alone, wait_until
+from tests.support import expected_alone, listening, wait_until
 from tooling.fleet import SURGE, Fleet, missing_system_commands, read_state
 from tooling.fleet_config import FleetSpec
 from tooling.fleet_roll import in_flight, roll
@@ -375,6 +375,23 @@ def test_each_replica_is_a_pinned_java_frontend_behind_the_front(healthy_fleet, 
         assert response.json()["score"] == pytest.approx(answers_alone[text]["score"], abs=1e-4)
         served_by.add(response.headers["X-Replica"])
     assert served_by == {r.name for r in fleet.replicas}
+
+
+def test_every_listener_of_the_fleet_is_on_loopback_and_its_files_are_private(healthy_fleet):
+    # The replicas run without tokens (the cluster configuration): loopback is their guard, and HAProxy's, and
+    # Prometheus'. A template edited to `bind *:` or a Prometheus on 0.0.0.0 would expose them unauthenticated.
+    fleet = healthy_fleet
+    processes = {"haproxy": fleet.haproxy.pid, "prometheus": fleet.prometheus.pid}
+    processes.update({replica.name: replica.java_pid for replica in fleet.replicas})
+    for name, pid in processes.items():
+        addresses = listening([psutil.Process(pid)])
+        assert addresses, name
+        assert set().union(*addresses.values()) == {"127.0.0.1"}, (name, addresses)
+    private = [fleet.socket_path, fleet.dir / "haproxy.log", fleet.dir / "prometheus.log"]
+    for path in private:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    for folder in (fleet.dir, fleet.dir / "prometheus-data"):
+        assert folder.stat().st_mode & 0o077 == 0, (folder, oct(folder.stat().st_mode))
 
 
 def test_a_drained_replica_finishes_its_requests_and_gets_no_new_ones(healthy_fleet, answers_alone):
