@@ -183,10 +183,15 @@ def test_reject_policy_over_http(torchserve, tiny_checkpoint, make_archive):
 def test_calls_without_the_right_key_are_refused(torchserve, tiny_model):
     management = f"{torchserve.management_url}/models"
     prediction = f"{torchserve.inference_url}/predictions/{tiny_model}"
+    # TorchServe 0.12 registers an unpacked model directory by absolute path whatever allowed_urls says: the
+    # management key is what guards it (config.properties), so without it even that is refused before any lookup.
+    local_directory = {"url": str(torchserve.workdir), "initial_workers": "1"}
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, torchserve.auth("inference")):
         refused = requests.get(management, headers=headers, timeout=10)
         assert refused.status_code in (400, 401, 403)
         assert "Token Authorization failed" in refused.text
+        registering = requests.post(management, params=local_directory, headers=headers, timeout=10)
+        assert registering.status_code in (400, 401, 403) and "Token Authorization failed" in registering.text
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, torchserve.auth("management")):
         refused = requests.post(prediction, data=b"hello", headers=headers, timeout=10)
         assert refused.status_code in (400, 401, 403)
