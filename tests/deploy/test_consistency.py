@@ -153,6 +153,39 @@ def test_the_network_policy_admits_the_ingress_to_inference_and_prometheus_to_me
     assert admitted == {"ingress-nginx": INFERENCE_PORT, "monitoring": METRICS_PORT}
 
 
+@pytest.mark.parametrize("mode", [m for m in KSERVE_MODES if not queue_proxy(m)])
+def test_the_raw_deployment_predictors_admit_the_gateway_to_inference_and_prometheus_to_metrics_only(mode):
+    docs = render_kserve(mode)
+    policy = one(docs, "NetworkPolicy")
+    service = one(docs, "InferenceService")
+    # The label KServe puts on every pod of an InferenceService (kserve pkg/constants InferenceServicePodLabelKey).
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"serving.kserve.io/inferenceservice": service["metadata"]["name"]}
+    }
+    # Ingress only: the storage initializer fetches storageUri at each start.
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted = {}
+    for rule in policy["spec"]["ingress"]:
+        [peer] = rule["from"]
+        [port] = rule["ports"]
+        admitted[peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]] = port["port"]
+        if port["port"] == METRICS_PORT:
+            assert peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    assert admitted == {"istio-system": INFERENCE_PORT, "monitoring": METRICS_PORT}
+    # Where the runtime's container serves inference and where the predictor announces its metrics.
+    assert [port["containerPort"] for port in RUNTIME_CONTAINER["ports"]] == [INFERENCE_PORT]
+    assert int(service["spec"]["predictor"]["annotations"]["prometheus.io/port"]) == METRICS_PORT
+
+
+def test_serverless_ships_no_network_policy():
+    # Knative's activator, autoscaler and gateway reach queue-proxy on ports that vary by installation
+    # (docs/kubernetes.md, "Authorization in the cluster"): a policy missing one would take the predictor off the
+    # network, so the Serverless modes leave it to the cluster's owner.
+    for mode in KSERVE_MODES:
+        if queue_proxy(mode):
+            assert not by_kind(render_kserve(mode), "NetworkPolicy"), mode
+
+
 def test_metrics_are_announced_where_torchserve_serves_them():
     for overlay, deployment in _deployments().items():
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
