@@ -1,12 +1,15 @@
 """An offline wheelhouse for a host that reaches no package index (an air-gapped GPU host, a locked-down cluster node):
 
     .venv/bin/python -m scripts.wheelhouse DIR [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-                                               [--skip torch ...] [--only NAME ...] [--host-freeze FILE]
+                                               [--extras test,bench] [--skip torch ...] [--only NAME ...]
+                                               [--host-freeze FILE]
 
-Every pin of requirements.lock (torch aside: a GPU host keeps its own CUDA torch, scripts/setup.sh) as a wheel for that
-Python and platform, in DIR. A pin published only as a source distribution (nvgpu) is built into a wheel here, which
-must be pure Python to serve another machine. Copied to the host, README command 1 installs from it with pip's own
-offline switches (docs/development.md, "Set-up"):
+Every pin of requirements.lock that serving needs (with --extras, what those extras need too), as a wheel for that
+Python and platform, in DIR. Which pins are needed is read from the project's installed metadata and the lock's own
+`# via` notes; torch, and what only torch needs, is left out: a GPU host keeps its own CUDA torch (scripts/setup.sh).
+A pin published only as a source distribution (nvgpu) is built into a wheel here, which must be pure Python to serve
+another machine. Copied to the host, README command 1 installs from it with pip's own offline switches
+(docs/development.md, "Set-up"):
 
     PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR scripts/serve.sh
 
@@ -17,6 +20,7 @@ lock's version is left out (pip keeps an installed package that meets the constr
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -31,6 +35,10 @@ from tooling.cli_arguments import existing_file
 from tooling.paths import REPO
 
 LOCK = REPO / "requirements.lock"
+# pyproject.toml's [build-system] requires, by name: pip builds the project in an isolated environment, which it
+# fills from the wheelhouse too (tests/unit/test_wheelhouse.py holds the two alike).
+BUILD_REQUIREMENTS = ("setuptools",)
+PROJECT = "bert-torchserve-batching"  # pyproject.toml's name, installed in .venv by scripts/setup.sh
 PURE_TAG = re.compile(r"-py[23.]*-none-any\.whl$")  # py3-none-any, py2.py3-none-any
 MIB = 1024 * 1024
 
@@ -44,13 +52,60 @@ class Pin:
         return f"{self.name}=={self.version}"
 
 
-def lock_pins(lock_text: str, skip: Iterable[str] = ()) -> list[Pin]:
-    """The lock's `name==version` lines, less the packages named in `skip`."""
+def lock_parents(lock_text: str) -> dict[str, set[str]]:
+    """Each pinned package (canonical name) -> the packages that require it, from the lock's `# via` notes (uv writes
+    them; the project itself is `bert-torchserve-batching`, the "(pyproject.toml)" dropped)."""
+    parents: dict[str, set[str]] = {}
+    current = None
+    for line in lock_text.splitlines():
+        pin = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==\S+", line.strip())
+        if pin and not line.startswith((" ", "#")):
+            current = canonical(pin[1])
+            parents[current] = set()
+            continue
+        via = re.fullmatch(r"\s+#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)(?:\s+\(.*\))?", line)
+        if current is not None and via and via[1] != "via":
+            parents[current].add(canonical(via[1]))
+    return parents
+
+
+def requirement_names(requirements: Iterable[str], extras: Iterable[str]) -> set[str]:
+    """The canonical names among a distribution's requirements (importlib.metadata.requires) that it needs without
+    extras or with one of `extras`."""
+    wanted = set(extras)
+    names = set()
+    for requirement in requirements:
+        extra = re.search(r"""\bextra\s*==\s*["']([^"']+)["']""", requirement)
+        if extra is None or extra[1] in wanted:
+            names.add(canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]))
+    return names
+
+
+def closure(roots: Iterable[str], parents: dict[str, set[str]], skip: Iterable[str] = ()) -> set[str]:
+    """The pinned packages `roots` need, directly or through one another. A skipped package is not followed, so what
+    only it needs is not reached (torch's own, where the host keeps its torch); an unpinned one is followed (torch,
+    which the lock leaves to the set-up's TORCH_SPEC, where the host installs it)."""
+    children: dict[str, set[str]] = {}
+    for package, required_by in parents.items():
+        for parent in required_by:
+            children.setdefault(parent, set()).add(package)
     skipped = {canonical(name) for name in skip}
+    seen: set[str] = set()
+    waiting = [root for root in roots if root not in skipped]
+    while waiting:
+        package = waiting.pop()
+        if package not in seen:
+            seen.add(package)
+            waiting.extend(child for child in children.get(package, ()) if child not in skipped)
+    return seen & set(parents)
+
+
+def lock_pins(lock_text: str) -> list[Pin]:
+    """The lock's `name==version` lines."""
     pins = []
     for line in lock_text.splitlines():
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", line.strip())
-        if match and not line.startswith((" ", "#")) and canonical(match[1]) not in skipped:
+        if match and not line.startswith((" ", "#")):
             pins.append(Pin(match[1], match[2]))
     return pins
 
@@ -121,7 +176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help="where the wheels go (made if missing)")
     parser.add_argument("--python-version", default="3.12", help="the host's Python, e.g. 3.12 (default)")
     parser.add_argument("--platform", default="manylinux_2_28_x86_64", help="the host's wheel platform tag")
-    parser.add_argument("--skip", nargs="*", default=["torch"], help="packages the host brings (default: torch)")
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=["torch"],
+        help="packages the host brings, and what only they need (default: torch, as a GPU host keeps its own; "
+        "--skip with no name for a host that installs torch, whose wheel then comes from PyTorch's index)",
+    )
+    parser.add_argument(
+        "--extras",
+        default="",
+        help="the project's extras beside what serving needs, as scripts/setup.sh's SETUP_EXTRAS (default: none, "
+        "what scripts/serve.sh installs; test,bench for README command 2)",
+    )
     parser.add_argument("--only", nargs="*", help="these packages of the lock alone")
     parser.add_argument(
         "--host-freeze",
@@ -129,13 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the host's `pip freeze`: a pin it has at the lock's version is not fetched (another version is)",
     )
     arguments = parser.parse_args(argv)
-    pins = lock_pins(LOCK.read_text(), arguments.skip)
+    lock = LOCK.read_text()
+    metadata = importlib.metadata.metadata(PROJECT)
+    extras = {extra.strip() for extra in arguments.extras.split(",") if extra.strip()}
+    unknown = extras - set(metadata.get_all("Provides-Extra") or [])
+    if unknown:
+        parser.error(f"{PROJECT} has no extra {', '.join(sorted(unknown))}")
+    roots = requirement_names(importlib.metadata.requires(PROJECT) or [], extras) | set(BUILD_REQUIREMENTS)
+    needed = closure(roots, lock_parents(lock), arguments.skip)
+    pins = [pin for pin in lock_pins(lock) if canonical(pin.name) in needed]
     if arguments.only:
         wanted = {canonical(name) for name in arguments.only}
         pins = [pin for pin in pins if canonical(pin.name) in wanted]
         missing = wanted - {canonical(pin.name) for pin in pins}
         if missing:
-            parser.error(f"not in requirements.lock: {', '.join(sorted(missing))}")
+            parser.error(f"not among the pins these extras need: {', '.join(sorted(missing))} (see --extras)")
     if arguments.host_freeze:
         have = host_has(arguments.host_freeze.read_text())
         pins = [pin for pin in pins if f"{canonical(pin.name)}=={pin.version}" not in have]

