@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from handlers.handler_metrics import ITEMS, REJECTED
 from tooling.bench.openloop import ARRIVALS, open_loop
 from tooling.bench.overload_report import latency
-from tooling.bench.scrape import HANDLER_MODEL_LABEL
+from tooling.bench.scrape import HANDLER_MODEL_LABEL, read_until_still
 from tooling.bench.server_cpu import server_cpu_cores
 from tooling.prometheus import metric_value
 
@@ -75,14 +75,7 @@ def wait_drained(server, model: str, limit_s: float) -> None:
 
 def settled_handler_counts(server, model: str) -> tuple[float, float]:
     """handler_counts once two reads METRICS_SETTLE_S apart agree, or after METRICS_SETTLE_TIMEOUT_S."""
-    deadline = time.monotonic() + METRICS_SETTLE_TIMEOUT_S
-    counts = handler_counts(server, model)
-    while time.monotonic() < deadline:
-        time.sleep(METRICS_SETTLE_S)
-        counts, last = handler_counts(server, model), counts
-        if counts == last:
-            break
-    return counts
+    return read_until_still(lambda: handler_counts(server, model), METRICS_SETTLE_S, METRICS_SETTLE_TIMEOUT_S)
 
 
 def measure_cell(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from handlers.handler_metrics import BATCHES, FORWARD_PASSES, ITEMS, PADDED_TOKENS, REAL_TOKENS, STAGE_MS
 from tooling.prometheus import metric_value
 
@@ -42,6 +46,35 @@ def read_counters(metrics_text: str, model: str) -> dict[str, float]:
     for key, name in _FRONTEND_COUNTERS.items():
         counters[key] = metric_value(metrics_text, name, **{FRONTEND_MODEL_LABEL: model})
     return counters
+
+
+T = TypeVar("T")
+
+
+def read_until_still(
+    read: Callable[[], T],
+    still_s: float,
+    timeout_s: float,
+    ready: Callable[[T], bool] = lambda _: True,
+    key: Callable[[T], Any] = lambda value: value,
+) -> T:
+    """read() until it is `ready` and two reads `still_s` apart agree (by `key`), or `timeout_s` later with the last
+    read. The handler's counters reach /metrics through the worker's log stream, one line each, a moment after the
+    answers: a read as soon as one counter is in can miss the others of the last batches."""
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    previous = None
+    while time.monotonic() < deadline:
+        if ready(value):
+            if previous is not None and key(previous) == key(value):
+                break
+            previous = value
+            time.sleep(still_s)
+        else:
+            previous = None
+            time.sleep(0.05)
+        value = read()
+    return value
 
 
 def _per(numerator: float, denominator: float) -> float:

@@ -13,7 +13,7 @@ from tooling.bench.backends import PreparedBackend
 from tooling.bench.device import release
 from tooling.bench.gpu_sampler import GpuSampler
 from tooling.bench.loadgen import closed_loop
-from tooling.bench.scrape import cell_figures, gpu_figures, read_counters
+from tooling.bench.scrape import cell_figures, gpu_figures, read_counters, read_until_still
 from tooling.bench.server_cpu import server_cpu_cores
 
 # Load before the measured cells of each registration, as a share of a cell (at most 2 s of load, plus the time its
@@ -40,6 +40,8 @@ MODEL_LOG_TAIL_BYTES = 3 << 20
 # The handler's metrics reach /metrics through the worker's log stream, a moment after the answers: read once they
 # count every answered request, waiting at most this long.
 METRICS_SETTLE_TIMEOUT_S = 30.0
+# ... and once no counter has moved for this long: each counter of a batch is a log line of its own.
+METRICS_STILL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -108,15 +110,22 @@ def describe_cell(cell: dict) -> str:
 
 
 def counters_after(server, model: str, before: dict[str, float], answered: int) -> tuple[str, dict[str, float]]:
-    """(/metrics text, the model's counters) once the handler has counted `answered` items since `before`, or
-    METRICS_SETTLE_TIMEOUT_S later with what is there: a cell then shows the shortfall as handler_items."""
-    deadline = time.monotonic() + METRICS_SETTLE_TIMEOUT_S
-    while True:
+    """(/metrics text, the model's counters) once the handler has counted `answered` items since `before` and no
+    counter moved for METRICS_STILL_S, or METRICS_SETTLE_TIMEOUT_S later with what is there: a cell then shows the
+    shortfall as handler_items. Read as soon as the items were in, a cell of 59 one-text batches once counted 57
+    forward passes: a batch's counters arrive one log line each."""
+
+    def read() -> tuple[str, dict[str, float]]:
         text = server.metrics_text()
-        after = read_counters(text, model)
-        if after["items"] >= before["items"] + answered or time.monotonic() > deadline:
-            return text, after
-        time.sleep(0.05)
+        return text, read_counters(text, model)
+
+    return read_until_still(
+        read,
+        METRICS_STILL_S,
+        METRICS_SETTLE_TIMEOUT_S,
+        ready=lambda read_: read_[1]["items"] >= before["items"] + answered,
+        key=lambda read_: read_[1],
+    )
 
 
 def measure_cell(
