@@ -80,11 +80,14 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.initialized = True
         frames = "buffered" if install_buffered_frame_reader() else "TorchServe's own"
         logger.info(
-            "loaded %s (%s): %s; labels=%s max_length=%d max_batch_tokens=%d (%s) max_instances=%d; frame reader: %s",
+            "loaded %s (%s, %s): %s; labels=%s scores=%s max_length=%d max_batch_tokens=%d (%s) max_instances=%d; "
+            "frame reader: %s",
+            self.model_name,
             served.model_type,
             served.backend,
             served.description,
             list(served.labels),
+            served.scores,
             served.max_length,
             served.options.max_batch_tokens,
             served.planner.description,

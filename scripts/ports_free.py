@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import psutil
 
@@ -38,8 +39,9 @@ def holder(port: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--properties", type=existing_file, default=SERVER_CONFIG, help="the server's configuration")
+    parser.add_argument("--pid-file", type=Path, default=pid_file(), help="this checkout's TorchServe's pid file")
     args = parser.parse_args(argv)
-    if running_torchserve(pid_file()) is not None:
+    if running_torchserve(args.pid_file) is not None:
         return 0
     ports = server_ports(read_properties(args.properties))
     taken = {key: port for key, port in ports.items() if port_in_use(port)}

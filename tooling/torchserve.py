@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -180,9 +179,14 @@ def port_in_use(port: int) -> bool:
 TORCHSERVE_MAIN = "org.pytorch.serve.ModelServer"
 
 
+PID_FILE_NAME = ".model_server.pid"  # ts/model_server.py: os.path.join(tempfile.gettempdir(), ".model_server.pid")
+
+
 def pid_file() -> Path:
-    """Where `torchserve --start` writes its Java frontend's pid: $TMPDIR (scripts/runtime_env.sh: logs/tmp)."""
-    return Path(tempfile.gettempdir()) / ".model_server.pid"
+    """Where this checkout's `torchserve --start` writes its Java frontend's pid: the server's TMPDIR, which
+    scripts/runtime_env.sh makes logs/tmp. Named here rather than read from this process's TMPDIR, so that a
+    command run by hand (scripts/ports_free.py, outside serve.sh) finds this checkout's server too."""
+    return REPO / "logs" / "tmp" / PID_FILE_NAME
 
 
 def running_torchserve(pid_file: Path) -> psutil.Process | None:

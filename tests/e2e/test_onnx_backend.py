@@ -105,6 +105,8 @@ def test_the_archive_holds_the_graph_and_no_pytorch_weights(onnx_model, model_st
     # The worker says which backend it loaded and what the export measured.
     loaded = load_line(torchserve, name)
     assert "ONNX Runtime" in loaded and "CPUExecutionProvider" in loaded and "parity max |dp|" in loaded
+    # ... under the name it is registered with, and how its head's outputs are read (docs/checkpoints.md).
+    assert f"loaded {name} (" in loaded and "scores=softmax " in loaded
     # ONNX Runtime's own planning budget on CPU (HandlerOptions.for_device with the backend), not PyTorch's 256.
     assert "max_batch_tokens=64" in loaded
 

@@ -6,11 +6,12 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from tooling.paths import REPO
-from tooling.torchserve import ADDRESS_KEYS, free_port
+from tooling.torchserve import ADDRESS_KEYS, PID_FILE_NAME, free_port, pid_file
 
 
 @pytest.fixture
@@ -26,11 +27,20 @@ def properties(tmp_path):
 
 
 def ports_free(properties_file, tmp_path) -> subprocess.CompletedProcess:
-    # TMPDIR: where TorchServe keeps its pid file, as scripts/runtime_env.sh sets it.
+    # The pid file in tmp_path, the folder the fake servers below name as their Java temp dir.
+    command = [sys.executable, "-m", "scripts.ports_free", "--properties", str(properties_file)]
     return subprocess.run(
-        [sys.executable, "-m", "scripts.ports_free", "--properties", str(properties_file)],
-        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+        [*command, "--pid-file", str(tmp_path / PID_FILE_NAME)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+
+
+def test_the_checkouts_pid_file_is_where_its_server_writes_it_whatever_this_processs_tmpdir(monkeypatch, tmp_path):
+    # serve.sh and stop.sh start TorchServe with TMPDIR=logs/tmp (scripts/runtime_env.sh); a command run by hand
+    # has another TMPDIR, and found no server of this checkout, so named its own server's ports as taken.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert pid_file() == REPO / "logs" / "tmp" / PID_FILE_NAME
+    assert 'TMPDIR="$PWD/logs/tmp"' in (REPO / "scripts" / "runtime_env.sh").read_text()
 
 
 def test_free_ports_pass_and_a_listener_on_one_is_named_with_its_setting_and_process(properties, tmp_path):
@@ -65,12 +75,12 @@ def test_this_checkouts_running_torchserve_holding_the_ports_passes(properties, 
         with socket.socket() as listener:
             listener.bind(("127.0.0.1", ports["inference_address"]))
             listener.listen()
-            (tmp_path / ".model_server.pid").write_text(str(ours.pid))
+            (tmp_path / PID_FILE_NAME).write_text(str(ours.pid))
             assert ports_free(path, tmp_path).returncode == 0
-            (tmp_path / ".model_server.pid").write_text(str(os.getpid()))  # alive, but not a TorchServe
+            (tmp_path / PID_FILE_NAME).write_text(str(os.getpid()))  # alive, but not a TorchServe
             assert ports_free(path, tmp_path).returncode == 1
             # The pid reused by another TorchServe (a fleet replica, a test's, another checkout's): not this one.
-            (tmp_path / ".model_server.pid").write_text(str(other.pid))
+            (tmp_path / PID_FILE_NAME).write_text(str(other.pid))
             assert ports_free(path, tmp_path).returncode == 1
     finally:
         for server in (ours, other):
