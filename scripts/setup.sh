@@ -116,6 +116,9 @@ else
   archive=(--backend onnx --handler-option cpu_threads=1) described="ONNX Runtime, fp32"
 fi
 built_for=model_store/.bert.mar.device built_as="$DEVICE ${archive[*]}"
+# The archive's checksum as the set-up wrote it: a bert.mar written since by hand (another archive_model run) is
+# not the set-up's, and is said to be so rather than called up to date.
+written=model_store/.bert.mar.sha256
 if [ ! -f model_store/bert.mar ] || [ "$(cat "$built_for" 2>/dev/null)" != "$built_as" ] \
    || [ -n "$(find build/demo-model handlers model-config.yaml tooling/archiving.py tooling/onnx_export.py \
                 -type f -not -path '*/__pycache__/*' -newer model_store/bert.mar -print -quit)" ]; then
@@ -124,9 +127,13 @@ if [ ! -f model_store/bert.mar ] || [ "$(cat "$built_for" 2>/dev/null)" != "$bui
   echo "==> archiving model_store/bert.mar ($described)"
   # An archiving interrupted midway may leave a bert.mar newer than its sources: without the stamp, the
   # next run archives again rather than trust it.
-  rm -f "$built_for"
+  rm -f "$built_for" "$written"
   .venv/bin/python -m scripts.archive_model build/demo-model --name bert "${archive[@]}"
   echo "$built_as" >"$built_for"
+  sha256sum model_store/bert.mar | cut -d' ' -f1 >"$written"
+elif [ -f "$written" ] && [ "$(sha256sum model_store/bert.mar | cut -d' ' -f1)" != "$(cat "$written")" ]; then
+  echo "==> model_store/bert.mar was written since the set-up archived it, not as its $described archive:" \
+    "kept as it is (delete it to have the demo archived again)"
 else
   echo "==> model_store/bert.mar is up to date ($described)"
 fi

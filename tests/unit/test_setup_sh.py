@@ -170,6 +170,22 @@ def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_no
     assert stamp.read_text() == f"{CPU_ARCHIVE}\n"
 
 
+def test_an_archive_written_over_the_demos_since_is_kept_and_not_called_up_to_date(checkout):
+    # docs/checkpoints.md once had the demo's int8 archive written as model_store/bert.mar: the next set-up said
+    # "up to date (ONNX Runtime, fp32)" and serve.sh served it so.
+    assert setup(checkout).returncode == 0
+    archive = checkout / "model_store" / "bert.mar"
+    archive.write_bytes(b"an int8 archive written by hand")
+    rerun = setup(checkout)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "==> model_store/bert.mar was written since the set-up archived it" in rerun.stdout, rerun.stdout
+    assert "is up to date" not in rerun.stdout
+    assert archive.read_bytes() == b"an int8 archive written by hand" and len(archivings(checkout)) == 1
+    archive.unlink()  # as the message says: the demo is archived again, and up to date after
+    assert "==> archiving model_store/bert.mar" in setup(checkout).stdout
+    assert "==> model_store/bert.mar is up to date" in setup(checkout).stdout
+
+
 def test_the_set_up_byte_compiles_modules_that_nothing_imports():
     """The set-up byte-compiles what it installs (pip's default, kept on purpose: scripts/setup.sh). Where
     PYTHONDONTWRITEBYTECODE is set, as on this project's machines, nothing else writes the .pyc files, and every
