@@ -139,7 +139,10 @@ def test_a_run_stopped_by_a_time_limit_keeps_its_cells_and_stops_its_server(tmp_
         assert described["startupTimeout"] == STARTUP_TIMEOUT_S == 600, described
         run.send_signal(signal.SIGTERM)  # delivered when the run goes on
         run.send_signal(signal.SIGCONT)
-        assert run.wait(timeout=90) == 128 + signal.SIGTERM, "".join(printed)
+        code = run.wait(timeout=90)
+        # What the run printed after the first cell too: once, in a fresh clone's whole suite, it exited 1 (a run
+        # that ends on its own with a failure recorded, or an error while unwinding), never seen alone (2026-11-29).
+        assert code == 128 + signal.SIGTERM, "".join(printed) + run.stdout.read()
         _, alive = psutil.wait_procs(started, timeout=30)
         assert not alive, alive
     finally:
