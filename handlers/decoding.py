@@ -99,19 +99,25 @@ def _parse_content_type(value: str) -> ContentType:
     return ContentType._parse(value)
 
 
-def sent_over_http(headers: Mapping[str, Any] | None) -> bool:
+def _sent_over_http(headers: Mapping[str, Any] | None) -> bool:
     """Whether the request came over HTTP: TorchServe 0.12's frontend adds the header `explain` to every HTTP
     inference request (and `url_path` to /predictions'); a gRPC request carries no request header at all."""
     return request_header(headers, "explain") is not None or request_header(headers, "url_path") is not None
 
 
-def _is_raw_body(name: str | None, headers: Mapping[str, Any] | None) -> bool:
-    """Whether the parameter `name` is the request's raw body (its text whole: no field beside it is read)."""
-    return name == RAW_BODY and sent_over_http(headers) and not _declared_form(headers)
+def _payload_keys(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The parameters that may carry the text, in order, by how the request came (RAW_BODY_KEYS: a raw HTTP body)."""
+    if ContentType.parse(request_header(headers, "content-type")).is_form:
+        return FORM_KEYS
+    return RAW_BODY_KEYS if _sent_over_http(headers) else GRPC_KEYS
 
 
-def _declared_form(headers: Mapping[str, Any] | None) -> bool:
-    return ContentType.parse(request_header(headers, "content-type")).is_form
+def _first_present(item: Any, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    if isinstance(item, Mapping):
+        for key in keys:
+            if key in item:
+                return key, item[key]
+    return None, None
 
 
 def payload_of(item: Any, headers: Mapping[str, Any] | None) -> tuple[str | None, Any]:
@@ -120,18 +126,7 @@ def payload_of(item: Any, headers: Mapping[str, Any] | None) -> tuple[str | None
     `headers` (the request's, as TorchServe passes them) say how it came: a raw HTTP body, a form, or gRPC's input
     map (no request headers, as a bare call).
     """
-    if not isinstance(item, Mapping):
-        return None, None
-    for key in _payload_keys(headers):
-        if key in item:
-            return key, item[key]
-    return None, None
-
-
-def _payload_keys(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
-    if _declared_form(headers):
-        return FORM_KEYS
-    return RAW_BODY_KEYS if sent_over_http(headers) else GRPC_KEYS
+    return _first_present(item, _payload_keys(headers))
 
 
 @functools.lru_cache(maxsize=64)
@@ -262,14 +257,16 @@ def decode_request(
 
     `as_json`: the payload is JSON whatever its Content-Type says (a KServe route; its charset still counts).
     """
-    name, value = payload_of(item, headers)
+    keys = _payload_keys(headers)  # once per request: it scans the headers
+    name, value = _first_present(item, keys)
     if name is None:
         return _without_payload(item, headers, as_json)
     content_type = payload_content_type(headers, name)
     if as_json:
         content_type = ContentType("application/json", content_type.charset)
     decoded = _decode(value, content_type, max_bytes)
-    if _is_raw_body(name, headers) or PAIR_FIELD not in item or isinstance(decoded, Rejection):
+    # A raw body is the text whole: no field beside it (a query parameter) makes it a pair.
+    if (keys is RAW_BODY_KEYS and name == RAW_BODY) or PAIR_FIELD not in item or isinstance(decoded, Rejection):
         return decoded
     # A form (or gRPC input map) with a second text: a pair, each field decoded with its own content type.
     if isinstance(decoded, Document):  # never read as a document with its text_pair dropped

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -18,15 +19,22 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def names_of(requirements: Iterable[str], extras: Iterable[str] = ()) -> set[str]:
+    """The canonical names among requirements (importlib.metadata.requires' strings) needed without extras or with
+    one of `extras` (a platform marker is not evaluated: such a requirement counts, so the lock never contradicts
+    it)."""
+    wanted = set(extras)
+    names = set()
+    for requirement in requirements:
+        extra = re.search(r"""\bextra\s*==\s*["']([^"']+)["']""", requirement)
+        if extra is None or extra[1] in wanted:
+            names.add(canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]))
+    return names
+
+
 def requirement_names(distribution: str) -> set[str]:
-    """Names of the packages `distribution` requires when installed without extras (a platform marker
-    is not evaluated: such a requirement counts, so the lock never contradicts it)."""
-    requirements = importlib.metadata.requires(distribution) or []
-    return {
-        canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0])
-        for requirement in requirements
-        if not re.search(r"\bextra\s*==", requirement)
-    }
+    """Names of the packages `distribution` requires when installed without extras."""
+    return names_of(importlib.metadata.requires(distribution) or [])
 
 
 def constraints_beside(distribution: str, lock_text: str) -> list[str]:

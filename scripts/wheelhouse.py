@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.constraints_beside import canonical
+from scripts.constraints_beside import canonical, names_of
 from tooling.cli_arguments import existing_file
 from tooling.paths import REPO
 
@@ -67,18 +67,6 @@ def lock_parents(lock_text: str) -> dict[str, set[str]]:
         if current is not None and via and via[1] != "via":
             parents[current].add(canonical(via[1]))
     return parents
-
-
-def requirement_names(requirements: Iterable[str], extras: Iterable[str]) -> set[str]:
-    """The canonical names among a distribution's requirements (importlib.metadata.requires) that it needs without
-    extras or with one of `extras`."""
-    wanted = set(extras)
-    names = set()
-    for requirement in requirements:
-        extra = re.search(r"""\bextra\s*==\s*["']([^"']+)["']""", requirement)
-        if extra is None or extra[1] in wanted:
-            names.add(canonical(re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]))
-    return names
 
 
 def closure(roots: Iterable[str], parents: dict[str, set[str]], skip: Iterable[str] = ()) -> set[str]:
@@ -202,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = extras - set(metadata.get_all("Provides-Extra") or [])
     if unknown:
         parser.error(f"{PROJECT} has no extra {', '.join(sorted(unknown))}")
-    roots = requirement_names(importlib.metadata.requires(PROJECT) or [], extras) | set(BUILD_REQUIREMENTS)
+    roots = names_of(importlib.metadata.requires(PROJECT) or [], extras) | set(BUILD_REQUIREMENTS)
     needed = closure(roots, lock_parents(lock), arguments.skip)
     pins = [pin for pin in lock_pins(lock) if canonical(pin.name) in needed]
     if arguments.only:

