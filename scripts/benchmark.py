@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from tooling.cli_arguments import (
     positive_int,
 )
 from tooling.paths import MODEL_CONFIG, REPO
+from tooling.termination import exit_on_sigterm
 
 MODEL_NAMES = ("demo", "tiny", "bert-base")
 # Quick: the one-at-a-time baseline for PyTorch only (the targets' reference); every backend batched.
@@ -185,7 +185,7 @@ def handler_options_of(args: argparse.Namespace) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     # A time limit's SIGTERM unwinds like an error: each layout's workers' log is copied to --out, the private
     # TorchServe stopped and the workdir removed.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_sigterm()
     args = parse_args(argv)
     overrides, options = handler_options_of(args)
     args.out.mkdir(parents=True, exist_ok=True)

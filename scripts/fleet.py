@@ -33,6 +33,7 @@ from tooling.fleet_roll import roll, roll_stopped
 from tooling.haproxy_admin import haproxy_command, haproxy_servers
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
+from tooling.termination import exit_on_sigterm, raise_terminated
 
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
 
@@ -107,7 +108,9 @@ def stop_on_signals(stop: threading.Event) -> None:
 
     def interrupted(signum: int, frame: object) -> None:
         if stop.is_set():
-            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise_terminated(signum, frame)
         stop.set()
         # os.write, not print: the signal may arrive while the roll itself is printing.
         os.write(1, b"==> finishing the replica in hand, then stopping (interrupt again to abort at once)\n")
@@ -144,7 +147,7 @@ def down(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
     # A SIGTERM during `up` unwinds through Fleet.up(), which stops whatever it had started.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where fleet.json and fleet/ live (logs/)")
     commands = parser.add_subparsers(dest="command", required=True)

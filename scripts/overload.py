@@ -53,6 +53,7 @@ from tooling.cli_arguments import (
 )
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 from tooling.paths import MODEL_STORE, REPO
+from tooling.termination import exit_on_sigterm
 
 MODEL = "overload"
 BATCH_SIZE = 8
@@ -189,7 +190,7 @@ def litserve_cells(python: str, model_dir: Path, options: Path, workers: int, te
 
 def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--archive", type=existing_file, default=MODEL_STORE / "bert.mar")
     parser.add_argument("--out", type=output_folder, default=Path("build/bench-overload"))

@@ -23,7 +23,6 @@ and 7 MB in the 54 after, so a reference taken 30 s in measured warm-up, not a l
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import tempfile
 import threading
@@ -41,13 +40,14 @@ from tooling.cli_arguments import (
     positive_int,
 )
 from tooling.soak import drive, drive_open_loop, worker_rss_mb
+from tooling.termination import exit_on_sigterm
 from tooling.torchserve import TorchServe
 
 
 def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up even when piped
     # A SIGTERM (a CI timeout) unwinds through the `with TorchServe` below, which stops the server.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=positive_float, default=30.0)
     parser.add_argument("--short", action="store_true", help="6 s of traffic after a 3 s warm-up, then assert")
