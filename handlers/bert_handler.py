@@ -19,13 +19,13 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
 from handlers.deadline import PassPace
+from handlers.decoding import ROUTE_KSERVE, route_of
 from handlers.fault_isolation import is_out_of_memory
 from handlers.frame_reader import install_buffered_frame_reader
 from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
-from handlers.protocols import ROUTE_KSERVE, route_of
 from handlers.responses import Answer, ModelIdentity, encode_answer, rejection_answer
 from handlers.tokenization import encode
 

@@ -99,17 +99,28 @@ def _parse_content_type(value: str) -> ContentType:
     return ContentType._parse(value)
 
 
-def _sent_over_http(headers: Mapping[str, Any] | None) -> bool:
-    """Whether the request came over HTTP: TorchServe 0.12's frontend adds the header `explain` to every HTTP
-    inference request (and `url_path` to /predictions'); a gRPC request carries no request header at all."""
-    return request_header(headers, "explain") is not None or request_header(headers, "url_path") is not None
+# TorchServe 0.12's frontend (InferenceRequestHandler) adds the header `explain` to the requests of
+# /predictions, /explanations and the KServe routes, and `url_path` to those of /predictions and
+# /explanations only. gRPC requests, and bare handler calls, carry neither (nor any request header).
+ROUTE_PREDICTIONS = "predictions"
+ROUTE_KSERVE = "kserve"  # /v1/models/NAME:predict|:explain, /v2/models/NAME/infer|/explain
+ROUTE_UNKNOWN = "unknown"  # gRPC, or a bare handler call
+
+
+def route_of(headers: Mapping[str, Any] | None) -> str:
+    """Which route the request came on, from the headers TorchServe's frontend adds."""
+    if request_header(headers, "url_path") is not None:
+        return ROUTE_PREDICTIONS
+    if request_header(headers, "explain") is not None:
+        return ROUTE_KSERVE
+    return ROUTE_UNKNOWN
 
 
 def _payload_keys(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The parameters that may carry the text, in order, by how the request came (RAW_BODY_KEYS: a raw HTTP body)."""
     if ContentType.parse(request_header(headers, "content-type")).is_form:
         return FORM_KEYS
-    return RAW_BODY_KEYS if _sent_over_http(headers) else GRPC_KEYS
+    return GRPC_KEYS if route_of(headers) == ROUTE_UNKNOWN else RAW_BODY_KEYS
 
 
 def _first_present(item: Any, keys: tuple[str, ...]) -> tuple[str | None, Any]:

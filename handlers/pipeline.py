@@ -23,11 +23,12 @@ from typing import Any, TypeVar
 
 from handlers import rejection
 from handlers.deadline import DEADLINE_HEADER, PassPace, read_deadline, refusal, refused_requests
+from handlers.decoding import ROUTE_KSERVE, route_of
 from handlers.fault_isolation import run_isolating_faults
 from handlers.instances import Instance
 from handlers.loading import LoadedModel
 from handlers.options import HandlerOptions
-from handlers.protocols import PREDICTIONS, ROUTE_KSERVE, ParsedRequest, read_request, route_of
+from handlers.protocols import PREDICTIONS, ParsedRequest, read_request
 from handlers.rejection import Rejection
 from handlers.responses import Answer, ModelIdentity, Prediction, error_answer, success_answer
 from handlers.tokenization import Encoding, encode

@@ -29,7 +29,17 @@ from typing import Any
 
 from handlers import rejection
 from handlers.binary_tensors import HEADER_LENGTH, inline_binary_inputs, split_body
-from handlers.decoding import TEXT_FIELD, Document, decode_request, payload_content_type, payload_of, request_header
+from handlers.decoding import (
+    ROUTE_KSERVE,
+    ROUTE_UNKNOWN,
+    TEXT_FIELD,
+    Document,
+    decode_request,
+    payload_content_type,
+    payload_of,
+    request_header,
+    route_of,
+)
 from handlers.instances import PAIR_FIELD, Instance, TextPair
 from handlers.rejection import Rejection
 
@@ -69,23 +79,7 @@ class ParsedRequest:
         return None
 
 
-# ---- the route ------------------------------------------------------------------------------------
-
-# TorchServe 0.12's frontend (InferenceRequestHandler) adds the header `explain` to the requests of
-# /predictions, /explanations and the KServe routes, and `url_path` to those of /predictions and
-# /explanations only. gRPC requests, and bare handler calls, carry neither.
-ROUTE_PREDICTIONS = "predictions"
-ROUTE_KSERVE = "kserve"  # /v1/models/NAME:predict|:explain, /v2/models/NAME/infer|/explain
-ROUTE_UNKNOWN = "unknown"
-
-
-def route_of(headers: Mapping[str, Any] | None) -> str:
-    """Which route the request came on, from the headers TorchServe's frontend adds."""
-    if request_header(headers, "url_path") is not None:
-        return ROUTE_PREDICTIONS
-    if request_header(headers, "explain") is not None:
-        return ROUTE_KSERVE
-    return ROUTE_UNKNOWN
+# ---- the route decides, then the body (which route: handlers/decoding.route_of) ----------------------
 
 
 def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, max_instances: int) -> ParsedRequest:
