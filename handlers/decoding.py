@@ -116,11 +116,11 @@ def route_of(headers: Mapping[str, Any] | None) -> str:
     return ROUTE_UNKNOWN
 
 
-def _payload_keys(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
+def _payload_keys(headers: Mapping[str, Any] | None, route: str) -> tuple[str, ...]:
     """The parameters that may carry the text, in order, by how the request came (RAW_BODY_KEYS: a raw HTTP body)."""
     if ContentType.parse(request_header(headers, "content-type")).is_form:
         return FORM_KEYS
-    return GRPC_KEYS if route_of(headers) == ROUTE_UNKNOWN else RAW_BODY_KEYS
+    return GRPC_KEYS if route == ROUTE_UNKNOWN else RAW_BODY_KEYS
 
 
 def _first_present(item: Any, keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -131,13 +131,13 @@ def _first_present(item: Any, keys: tuple[str, ...]) -> tuple[str | None, Any]:
     return None, None
 
 
-def payload_of(item: Any, headers: Mapping[str, Any] | None) -> tuple[str | None, Any]:
+def payload_of(item: Any, headers: Mapping[str, Any] | None, route: str) -> tuple[str | None, Any]:
     """Return (parameter name, value) of the item's payload, or (None, None) if it has none.
 
-    `headers` (the request's, as TorchServe passes them) say how it came: a raw HTTP body, a form, or gRPC's input
-    map (no request headers, as a bare call).
+    How the request came says which parameter that is: its `route` (route_of, read once per request by the caller)
+    and its `headers` (the request's, as TorchServe passes them): a raw HTTP body, a form, or gRPC's input map.
     """
-    return _first_present(item, _payload_keys(headers))
+    return _first_present(item, _payload_keys(headers, route))
 
 
 @functools.lru_cache(maxsize=64)
@@ -262,13 +262,14 @@ def _without_payload(item: Any, headers: Mapping[str, Any] | None, as_json: bool
 
 
 def decode_request(
-    item: Any, headers: Mapping[str, Any] | None, max_bytes: int, as_json: bool = False
+    item: Any, headers: Mapping[str, Any] | None, max_bytes: int, *, route: str, as_json: bool = False
 ) -> str | Document | Rejection:
     """One item of a TorchServe batch (its parameters, and its headers from the context) -> text or document.
 
-    `as_json`: the payload is JSON whatever its Content-Type says (a KServe route; its charset still counts).
+    `route`: the route it came on (route_of, which the caller has read already). `as_json`: the payload is JSON
+    whatever its Content-Type says (a KServe route; its charset still counts).
     """
-    keys = _payload_keys(headers)  # once per request: it scans the headers
+    keys = _payload_keys(headers, route)  # once per request: it scans the headers
     name, value = _first_present(item, keys)
     if name is None:
         return _without_payload(item, headers, as_json)

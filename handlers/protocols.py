@@ -101,23 +101,27 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
         if header_length is not None:
             envelope = _binary_envelope(item, headers, header_length, max_bytes, max_instances)
         else:
-            envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+            envelope = parse_envelope(
+                decode_request(item, headers, max_bytes, route=route, as_json=True), max_instances
+            )
         return replace(envelope, kserve_route=True)
     if route == ROUTE_UNKNOWN:
         return _without_binary_outputs(_read_unknown_route(item, headers, max_bytes, max_instances))
-    return parse_request(decode_request(item, headers, max_bytes), max_instances)
+    return parse_request(decode_request(item, headers, max_bytes, route=route), max_instances)
 
 
 def _read_unknown_route(
     item: Any, headers: Mapping[str, Any] | None, max_bytes: int, max_instances: int
 ) -> ParsedRequest:
     """TorchServe's gRPC API: a body with no declared media type is an envelope when it is a well-formed one."""
-    name, _ = payload_of(item, headers)
+    name, _ = payload_of(item, headers, ROUTE_UNKNOWN)
     if name is not None and not payload_content_type(headers, name).media_type:
-        envelope = parse_envelope(decode_request(item, headers, max_bytes, as_json=True), max_instances)
+        envelope = parse_envelope(
+            decode_request(item, headers, max_bytes, route=ROUTE_UNKNOWN, as_json=True), max_instances
+        )
         if envelope.error is None:
             return envelope
-    return parse_request(decode_request(item, headers, max_bytes), max_instances)
+    return parse_request(decode_request(item, headers, max_bytes, route=ROUTE_UNKNOWN), max_instances)
 
 
 def _without_binary_outputs(request: ParsedRequest) -> ParsedRequest:
@@ -148,7 +152,7 @@ def _binary_envelope(
     def malformed(message: str) -> ParsedRequest:
         return ParsedRequest(KSERVE_V2, error=rejection.malformed_request("Open Inference Protocol", message))
 
-    _, value = payload_of(item, headers)
+    _, value = payload_of(item, headers, ROUTE_KSERVE)
     if not isinstance(value, (bytes, bytearray, memoryview)):
         return malformed(f"{HEADER_LENGTH} was sent, but the body did not arrive as bytes")
     raw = bytes(value)
@@ -158,7 +162,9 @@ def _binary_envelope(
     if isinstance(parts, str):
         return malformed(parts)
     header, binary = parts
-    decoded = decode_request({"body": header}, {"content-type": "application/json"}, max_bytes, as_json=True)
+    decoded = decode_request(
+        {"body": header}, {"content-type": "application/json"}, max_bytes, route=ROUTE_KSERVE, as_json=True
+    )
     if isinstance(decoded, Rejection):
         return ParsedRequest(KSERVE_V2, error=decoded)
     document = inline_binary_inputs(decoded.value if isinstance(decoded, Document) else decoded, binary)

@@ -58,9 +58,9 @@ def lock_parents(lock_text: str) -> dict[str, set[str]]:
     parents: dict[str, set[str]] = {}
     current = None
     for line in lock_text.splitlines():
-        pin = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==\S+", line.strip())
-        if pin and not line.startswith((" ", "#")):
-            current = canonical(pin[1])
+        pin = pin_of(line)
+        if pin is not None:
+            current = canonical(pin.name)
             parents[current] = set()
             continue
         via = re.fullmatch(r"\s+#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)(?:\s+\(.*\))?", line)
@@ -88,14 +88,15 @@ def closure(roots: Iterable[str], parents: dict[str, set[str]], skip: Iterable[s
     return seen & set(parents)
 
 
+def pin_of(line: str) -> Pin | None:
+    """A `name==version` line of the lock or of `pip freeze` (not indented, no marker); None for any other line."""
+    match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", line.strip())
+    return Pin(match[1], match[2]) if match and not line.startswith((" ", "#")) else None
+
+
 def lock_pins(lock_text: str) -> list[Pin]:
     """The lock's `name==version` lines."""
-    pins = []
-    for line in lock_text.splitlines():
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", line.strip())
-        if match and not line.startswith((" ", "#")):
-            pins.append(Pin(match[1], match[2]))
-    return pins
+    return [pin for pin in map(pin_of, lock_text.splitlines()) if pin is not None]
 
 
 LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -115,12 +116,8 @@ def compatible_platforms(platform: str) -> list[str]:
 
 def host_has(freeze_text: str) -> set[str]:
     """`pip freeze`'s lines as `name==version` (canonical names): what the host already has, exactly."""
-    have = set()
-    for line in freeze_text.splitlines():
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line.strip())
-        if match:
-            have.add(f"{canonical(match[1])}=={match[2]}")
-    return have
+    pins = (pin_of(line) for line in freeze_text.splitlines())
+    return {f"{canonical(pin.name)}=={pin.version}" for pin in pins if pin is not None}
 
 
 def _pip(*arguments: str) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,7 @@ with TorchServe's own Context, no server), e2e/ (real torchserve processes over 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,12 @@ def shared_model(torchserve, tiny_checkpoint, make_archive) -> str:
     response = torchserve.register(archive, batch_size=8, max_batch_delay=20)
     assert response.status_code == 200, response.text
     return SHARED_MODEL
+
+
+@pytest.fixture
+def sigterm_kept():
+    """The commands set their own SIGTERM handler as they start (tooling/termination.py); a test that runs one's
+    main() in this process keeps the test process's own."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)

@@ -190,10 +190,10 @@ def plain_outcome(decoded: object) -> object:
 def decode_and_validate(value: object, content_type: str | None, max_bytes: int) -> object:
     """A payload sent as the raw body with its whole Content-Type -> its valid text, or why not (everything
     before batching), through the pipeline's own decode_request."""
-    from handlers.decoding import decode_request
+    from handlers.decoding import decode_request, route_of
 
     headers = {} if content_type is None else {"content-type": content_type}
-    return plain_outcome(decode_request({"body": value}, headers, max_bytes))
+    return plain_outcome(decode_request({"body": value}, headers, max_bytes, route=route_of(headers)))
 
 
 def server_from_layout(workdir: Path, root: Path, config: Path):

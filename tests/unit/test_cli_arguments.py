@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 
 import pytest
 
@@ -159,14 +158,6 @@ COMMANDS = [
     ("archive_model", ["{checkpoint}", "--export-path", "{out}", "--name", "two words"], "--name"),
     ("ports_free", ["--properties", "{missing}"], "--properties"),
 ]
-
-
-@pytest.fixture
-def sigterm_kept():
-    """Some commands set their own SIGTERM handler as they start; this test process keeps its own."""
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.mark.parametrize(("command", "arguments", "option"), COMMANDS, ids=lambda v: v if isinstance(v, str) else "")

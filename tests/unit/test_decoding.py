@@ -8,11 +8,13 @@ import pytest
 
 from handlers import rejection
 from handlers.decoding import (
+    ROUTE_UNKNOWN,
     ContentType,
     Document,
     decode_request,
     payload_of,
     request_header,
+    route_of,
     text_codec,
 )
 from handlers.rejection import Rejection
@@ -88,21 +90,21 @@ def test_pre_parsed_json_that_is_not_an_object():
 def test_payload_of_reads_the_raw_body_first_and_a_form_or_grpc_by_text_then_data():
     # Over HTTP a body that is not a form is the text, whatever query parameters arrived beside it (?text=...).
     item, headers = raw_body(b"a")
-    assert payload_of({**item, "text": b"t", "data": b"d"}, headers) == ("body", b"a")
+    assert payload_of({**item, "text": b"t", "data": b"d"}, headers, route_of(headers)) == ("body", b"a")
     # In a form, a field (or query parameter) named `body` is a field like any other: `text`, else `data`.
     for content_type in (URLENCODED, MULTIPART):
         item, headers = form({"body": b"a", "text": b"t", "data": b"d"}, content_type)
-        assert payload_of(item, headers) == ("text", b"t")
+        assert payload_of(item, headers, route_of(headers)) == ("text", b"t")
         item, headers = form({"body": b"a", "data": b"d"}, content_type)
-        assert payload_of(item, headers) == ("data", b"d")
+        assert payload_of(item, headers, route_of(headers)) == ("data", b"d")
         item, headers = form({"body": b"a"}, content_type)
-        assert payload_of(item, headers) == (None, None)
+        assert payload_of(item, headers, route_of(headers)) == (None, None)
     # gRPC's input map: `text`, else `data`, else `body` (what TorchServe's own handlers read).
-    assert payload_of(*grpc({"body": b"a", "text": b"t", "data": b"d"})) == ("text", b"t")
-    assert payload_of(*grpc({"body": b"a", "data": b"d"})) == ("data", b"d")
-    assert payload_of(*grpc({"body": b"a", "other": b"o"})) == ("body", b"a")
-    assert payload_of({}, None) == (None, None)
-    assert payload_of("not a dict", None) == (None, None)
+    assert payload_of(*grpc({"body": b"a", "text": b"t", "data": b"d"}), ROUTE_UNKNOWN) == ("text", b"t")
+    assert payload_of(*grpc({"body": b"a", "data": b"d"}), ROUTE_UNKNOWN) == ("data", b"d")
+    assert payload_of(*grpc({"body": b"a", "other": b"o"}), ROUTE_UNKNOWN) == ("body", b"a")
+    assert payload_of({}, None, ROUTE_UNKNOWN) == (None, None)
+    assert payload_of("not a dict", None, ROUTE_UNKNOWN) == (None, None)
 
 
 def test_a_form_field_named_body_neither_beats_the_text_nor_drops_its_pair():
@@ -121,7 +123,7 @@ def test_a_form_on_a_route_that_reads_json_is_told_to_declare_json():
     # curl -d '{"instances": ["Loved it."]}' on a KServe route: TorchServe parsed it as a form, no field arrived.
     sent = (form({}, content_length=30), form({'{"instances": ["a': b'b"]}'}), form({"x": b"y"}, MULTIPART))
     for item, headers in sent:
-        outcome = decode_request(item, headers, LIMIT, as_json=True)
+        outcome = decode_request(item, headers, LIMIT, route=route_of(headers), as_json=True)
         assert (outcome.status, outcome.type) == (400, "FormWithoutText")
         assert "Content-Type: application/json" in outcome.message and "text/plain" not in outcome.message
         assert "instances" not in outcome.message  # never the field names: they may be the text
@@ -244,7 +246,7 @@ REVIEW = "The room was great & clean, price = fair."
 
 def decode(shape, limit=LIMIT):
     item, headers = shape
-    return decode_request(item, headers, limit)
+    return decode_request(item, headers, limit, route=route_of(headers))
 
 
 def test_raw_body_charset_comes_from_the_request_header():
@@ -355,12 +357,12 @@ def test_grpc_input_map():
 
 
 def test_no_headers_at_all():
-    assert decode_request({"body": b"hello"}, None, LIMIT) == "hello"
-    assert decode_request({}, None, LIMIT).type == "EmptyText"
-    assert decode_request(None, None, LIMIT).type == "EmptyText"
-    assert decode_request({"body": b'{"text": "x"}'}, {"body": {"content-type": JSON}}, LIMIT) == Document(
-        {"text": "x"}
-    )
+    assert decode_request({"body": b"hello"}, None, LIMIT, route=ROUTE_UNKNOWN) == "hello"
+    assert decode_request({}, None, LIMIT, route=ROUTE_UNKNOWN).type == "EmptyText"
+    assert decode_request(None, None, LIMIT, route=ROUTE_UNKNOWN).type == "EmptyText"
+    assert decode_request(
+        {"body": b'{"text": "x"}'}, {"body": {"content-type": JSON}}, LIMIT, route=ROUTE_UNKNOWN
+    ) == Document({"text": "x"})
 
 
 # Every documented way of sending a text, as TorchServe hands it over: none may end as EmptyText.

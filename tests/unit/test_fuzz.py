@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from handlers import rejection
-from handlers.decoding import decode_request, payload_of
+from handlers.decoding import ROUTE_UNKNOWN, decode_request, payload_of, route_of
 from handlers.instances import TextPair
 from handlers.rejection import Rejection
 from tests.request_shapes import MULTIPART, URLENCODED, form, grpc, raw_body
@@ -154,7 +154,7 @@ def test_arbitrary_json_documents(document, ensure_ascii, bom, content_type):
 @FUZZ
 @given(item=st.one_of(st.none(), json_values, st.dictionaries(st.text(max_size=6), payload_values, max_size=3)))
 def test_payload_of_any_item(item):
-    name, value = payload_of(item, None)
+    name, value = payload_of(item, None, ROUTE_UNKNOWN)
     assert name in (None, "body", "text", "data")
     assert_well_formed(decode_and_validate(value, "text/plain", LIMIT))
 
@@ -214,7 +214,7 @@ form_types = st.sampled_from([URLENCODED, MULTIPART, URLENCODED + "; charset=utf
 @given(fields=form_fields, content_type=form_types, content_length=st.one_of(st.none(), st.integers(0, 10_000)))
 def test_forms(fields, content_type, content_length):
     item, headers = form(fields, content_type, content_length=content_length)
-    decoded = decode_request(item, headers, LIMIT)
+    decoded = decode_request(item, headers, LIMIT, route=route_of(headers))
     outcome = validated(decoded)
     assert_well_formed(outcome)
     chosen_name = next((name for name in ("text", "data") if name in fields), None)  # a field named body: ignored
@@ -259,7 +259,7 @@ def test_a_servable_text_field_is_never_lost(text, others, content_type, name):
     fields = {k: v for k, v in others.items() if k not in ("text", "text_pair")}
     fields[name] = text.encode("utf-8", "surrogatepass")
     item, headers = form(fields, content_type)
-    outcome = validated(decode_request(item, headers, LIMIT))
+    outcome = validated(decode_request(item, headers, LIMIT, route=route_of(headers)))
     assert outcome == text.removeprefix(BOM)
 
 
@@ -267,7 +267,7 @@ def test_a_servable_text_field_is_never_lost(text, others, content_type, name):
 @given(inputs=st.dictionaries(field_names, field_values, max_size=4))
 def test_grpc_input_maps(inputs):
     item, headers = grpc(inputs)
-    outcome = validated(decode_request(item, headers, LIMIT))
+    outcome = validated(decode_request(item, headers, LIMIT, route=route_of(headers)))
     assert_well_formed(outcome)
     if not any(name in inputs for name in ("body", "text", "data")):
         assert outcome == (rejection.missing_input(len(inputs)) if inputs else rejection.empty_text())
@@ -283,7 +283,7 @@ def test_raw_bodies_with_request_headers(value, content_type, header_case):
     assume(isinstance(value, (bytes, str)))
     raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
     item, headers = raw_body(raw, content_type, header_case)
-    outcome = validated(decode_request(item, headers, LIMIT))
+    outcome = validated(decode_request(item, headers, LIMIT, route=route_of(headers)))
     assert_well_formed(outcome)
     # The request header is read in any case: the outcome is that of the payload and its whole Content-Type.
     assert outcome == decode_and_validate(raw, content_type, LIMIT)

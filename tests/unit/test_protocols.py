@@ -8,10 +8,11 @@ from handlers.decoding import Document
 from handlers.instances import TextPair
 from handlers.options import HandlerOptions
 from handlers.pipeline import regroup, validate
-from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, V2_OUTPUTS, parse_request
+from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, V2_OUTPUTS, parse_request, read_request
 from handlers.rejection import Rejection
 from handlers.responses import ModelIdentity, Prediction, success_answer
 from tests.kserve_cases import MALFORMED, v1, v2
+from tests.request_shapes import grpc, raw_body
 
 LIMIT = HandlerOptions().max_instances
 LABELS = ("negative", "positive")
@@ -23,6 +24,15 @@ def settle(body):
     texts, rejected = validate([request])
     predictions = {key: Prediction([0.25, 0.75], False) for key in texts}
     return request, regroup([request], predictions, rejected, ModelIdentity("bert"), LABELS)[0]
+
+
+def test_the_route_read_from_the_headers_decides_which_parameter_is_the_text():
+    # POST /predictions/bert?text=b with the body "a": TorchServe hands the query parameter over beside the body.
+    # read_request reads the route once and the decoding follows it: over HTTP the body is the text; the same
+    # parameters in a gRPC input map are read by name, `text` first.
+    item, headers = raw_body(b"a", "text/plain")
+    assert read_request({**item, "text": b"b"}, headers, 1000, 64).instances == ("a",)
+    assert read_request(*grpc({"body": b"a", "text": b"b"}), 1000, 64).instances == ("b",)
 
 
 def test_plain_text_and_plain_json_are_one_instance():

@@ -107,14 +107,6 @@ def test_a_sigterm_from_outside_unwinds_a_waiting_script_with_status_143():
     assert out == "cleaned up\n" and err == "", (out, err)
 
 
-@pytest.fixture
-def sigterm_kept():
-    """The scripts set their SIGTERM handler as they start; this test process keeps its own."""
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-
-
 @pytest.mark.parametrize("command", ["benchmark", "overload", "soak", "fleet"])
 def test_each_script_that_starts_servers_ends_on_sigterm_through_raise_terminated(command, sigterm_kept, capsys):
     with pytest.raises(SystemExit) as helped:
