@@ -9,6 +9,7 @@ runs its mapping and float16 tests with the graphs on and off.
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import numpy as np
@@ -42,6 +43,9 @@ ACROSS_PASSES = 1e-3
 # by EAGER_ERROR_FACTOR times what eager passes are off on the same host, plus TOLERANCE. A wrong score function,
 # token type or row is off by tenths.
 EAGER_ERROR_FACTOR = 4
+# What turns TF32 on or off for a process from outside it: PyTorch's cuBLAS override (an image may set it to 1)
+# and NVIDIA's own switch for its libraries.
+TF32_ENVIRONMENT = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE")
 
 
 def in_float64_on_the_cpu(checkpoint, served, encodings) -> np.ndarray:
@@ -57,15 +61,27 @@ def in_float64_on_the_cpu(checkpoint, served, encodings) -> np.ndarray:
     return apply(logits, served.scores).numpy()
 
 
+def float32_matmul_mode() -> str:
+    """Whether cuBLAS may compute float32 matmuls in TF32 (10-bit mantissas), and what in the environment asks."""
+    import torch
+
+    asked = {name: os.environ[name] for name in TF32_ENVIRONMENT if name in os.environ}
+    return (
+        f"TF32 for float32 matmuls {'allowed' if torch.backends.cuda.matmul.allow_tf32 else 'off'} "
+        f"(float32 matmul precision {torch.get_float32_matmul_precision()!r}, environment {asked or 'silent'})"
+    )
+
+
 def assert_replayed_as_accurately_as_eager(checkpoint, eager, graphed, encodings) -> None:
     exact = in_float64_on_the_cpu(checkpoint, eager, encodings)
     replayed, alone = graphed.forward(encodings), eager.forward(encodings)
     assert replayed.shape == alone.shape == exact.shape
     eager_error, graphs_error = float(np.abs(alone - exact).max()), float(np.abs(replayed - exact).max())
-    # Which path is off, passed or failed: pytest -rA shows it.
+    # Which path is off, passed or failed: pytest -rA shows it, with whether TF32 stood in for float32's matmuls (a
+    # container may turn it on from its environment), which could account for errors of 1e-3.
     print(
         f"float32 on {eager.description.split(' (')[0]} against float64 on the CPU: eager passes off by "
-        f"{eager_error:.2e}, graphs by {graphs_error:.2e}"
+        f"{eager_error:.2e}, graphs by {graphs_error:.2e}; {float32_matmul_mode()}"
     )
     assert graphs_error <= EAGER_ERROR_FACTOR * eager_error + TOLERANCE, (
         f"against float64: graphs off by {graphs_error:.2e}, eager passes by {eager_error:.2e}"
