@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.batching import padded_length, plan_micro_batches
+from handlers.batching import padded_length, padded_width, plan_micro_batches
 from handlers.options import HandlerOptions
 
 
@@ -28,6 +28,14 @@ def test_item_longer_than_budget_gets_its_own_group():
 
 def test_empty_plan():
     assert plan_micro_batches([], 100) == []
+
+
+def test_rounding_up_to_the_multiple_never_pads_past_the_models_limit():
+    """Positions past the model's limit have no embedding: a pass padded there fails (RoBERTa's 514 positions leave
+    512 tokens, not a multiple of 8 when a special token is added or its limit is set otherwise)."""
+    assert padded_width(13, 8, 16) == 16
+    assert padded_width(13, 8, 14) == 14  # 16 would be past the limit
+    assert padded_width(20, 8, 14) == 20  # an item already longer (the caller's to refuse) is never cut here
 
 
 def test_options_defaults_and_overrides():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handlers.deadline import DEADLINE_HEADER, in_time, past_deadline, read_deadline, refused_requests
+from handlers.deadline import DEADLINE_HEADER, PassPace, in_time, past_deadline, read_deadline, refused_requests
 
 NOW_MS = 1_800_000_000_000.0
 
@@ -44,6 +44,22 @@ def test_a_deadline_not_written_in_plain_digits_is_refused_as_a_proxy_could_not_
 
 def test_a_deadline_with_a_fraction_of_a_millisecond_is_read():
     assert read_deadline({DEADLINE_HEADER: f" {int(NOW_MS) + 5}.25 "}) == NOW_MS + 5.25
+
+
+def test_one_slow_pass_moves_the_pace_only_part_of_the_way_and_a_slow_start_fades():
+    """One pass ten times as slow (a pause of the host) must not make the worker refuse, for its next batch, the
+    requests its usual passes answer in time; a cold first pass is the whole estimate at first, then fades."""
+    pace = PassPace()
+    pace.observe(500.0)  # a new worker's first pass: nothing else to go by
+    assert pace.ms == 500.0
+    for _ in range(20):  # a few dozen requests' batches at most
+        pace.observe(10.0)
+    assert 10.0 <= pace.ms < 20.0
+    pace.observe(100.0)
+    assert pace.ms < 50.0  # less than halfway to the outlier
+    for _ in range(5):
+        pace.observe(10.0)
+    assert pace.ms < 20.0
 
 
 def test_without_deadlines_or_pace_every_pass_runs_and_the_passes_with_no_deadline_always_do():

@@ -272,6 +272,41 @@ def test_a_failing_tokenizer_answers_500_and_keeps_earlier_answers():
     assert forward.passes == [] and outcome.forward_passes == 0
 
 
+def test_a_bug_after_the_passes_leaves_every_request_its_answer(monkeypatch):
+    """A shared step failing once the passes have run (here: counting the plan for the metrics) costs no request its
+    answer: every one computed is sent, and the metrics count no pass rather than a wrong one."""
+    import handlers.pipeline as pipeline
+
+    def broken(*args):
+        raise ValueError("a bug in counting the passes")
+
+    monkeypatch.setattr(pipeline, "passes", broken)
+    model, forward = make_model()
+    outcome = run(model, text("fine"), text("   "), as_json({"instances": ["a", "b"]}))
+    assert [a.status for a in outcome.answers] == [200, 400, 200] and forward.passes
+    assert scores(outcome.answers[0]) == pytest.approx(forward.alone("fine", model.max_length))
+    assert outcome.forward_passes == 0
+
+
+def test_a_request_whose_prediction_went_missing_is_answered_500_and_its_neighbours_are_served(monkeypatch):
+    """Never a partial answer: should a step lose one instance's prediction (a bug; no outcome of the pipeline does
+    it), its request gets 500, the other requests their answers."""
+    import handlers.pipeline as pipeline
+
+    forward_pass = pipeline.run_forward
+
+    def losing_one(*args, **kwargs):
+        predictions, rejected, ran = forward_pass(*args, **kwargs)
+        del predictions[(1, 1)]
+        return predictions, rejected, ran
+
+    monkeypatch.setattr(pipeline, "run_forward", losing_one)
+    model, _ = make_model()
+    outcome = run(model, text("fine"), as_json({"instances": ["a", "b"]}), text("also fine"))
+    assert [a.status for a in outcome.answers] == [200, 500, 200]
+    assert outcome.answers[1].body["type"] == "InternalError"
+
+
 # ---- deadlines (handlers/deadline.py) ----------------------------------------------------------------
 
 
@@ -343,6 +378,18 @@ def test_the_passes_that_answer_the_most_requests_in_time_run_and_the_others_are
     assert len(forward.passes) == 2 and clock[0] - start == 200
 
 
+def test_refusals_beside_passes_that_ran_leave_the_pace_those_passes_measured(monkeypatch):
+    """The estimate comes down only when a batch ran no pass (the next test): a batch whose passes ran measured the
+    pace, and the refusals beside them are that measurement's, not a sign that it is too high."""
+    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
+    pace = PassPace()
+    pace.observe(100_000.0)  # ms: what each pass below takes
+    start = clock[0]
+    outcome = run_paced(model, pace, *(with_deadline(t, start + 250) for t in ("a", "b c d", "one two three")))
+    assert sorted(a.status for a in outcome.answers) == [200, 200, 503] and len(forward.passes) == 2
+    assert pace.ms == 100_000.0
+
+
 def test_a_request_is_refused_whole_none_of_its_instances_computed(monkeypatch):
     """A KServe request with two instances in different passes, room for two passes of three, one of them a
     request without a deadline: its pass runs, and either of the other request's passes alone would be in time,
@@ -406,6 +453,24 @@ def test_a_batch_refused_before_its_passes_were_chosen_leaves_the_pace_as_it_is(
         body, offset = ("   ", 60.0) if refused_before_the_plan == "invalid" else ("a", -1.0)
         outcome = run_paced(model, pace, with_deadline(body, clock[0] + offset))
         assert outcome.answers[0].status in (400, 503) and not forward.passes
+    assert pace.ms == 200.0
+
+
+def test_a_request_that_fell_late_while_its_batch_was_tokenized_leaves_the_pace_as_it_is(monkeypatch):
+    """In time when read, past its deadline at the check before the passes: refused for the clock, not for the pace,
+    so the batch that ran no pass says nothing about the pace either (as the test above, one step later)."""
+    model, forward, clock = ticking_model(monkeypatch, tick=0.2, max_batch_tokens=6)
+    tokenize = model.encoder.tokenizer
+
+    def slow(*args, **kwargs):
+        clock[0] += 1.0  # a second tokenizing: the deadline below passes meanwhile
+        return tokenize(*args, **kwargs)
+
+    model = replace(model, encoder=replace(model.encoder, tokenizer=slow))
+    pace = PassPace()
+    pace.observe(200.0)
+    outcome = run_paced(model, pace, with_deadline("a", clock[0] + 0.5))
+    assert outcome.answers[0].body["type"] == "DeadlineExceeded" and not forward.passes
     assert pace.ms == 200.0
 
 
