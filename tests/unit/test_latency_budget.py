@@ -40,7 +40,9 @@ def test_the_queue_grows_with_the_budget_and_the_throughput():
     assert admission(1000, machine_throughput("gpu", 1), 8, 128).job_queue_size > 10 * sizes[1]
 
 
-@pytest.mark.parametrize(("budget", "throughput", "workers", "batch"), [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1)])
+@pytest.mark.parametrize(
+    ("budget", "throughput", "workers", "batch"), [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0)]
+)
 def test_nonsense_is_refused(budget, throughput, workers, batch):
     with pytest.raises(ValueError):
         admission(budget, throughput, workers, batch)
@@ -65,3 +67,5 @@ def test_the_command_prints_shell_assignments_for_serve_sh(capsys):
     printed = capsys.readouterr()
     assert "BATCH_SIZE=5" in printed.out.split()
     assert "batches of 5, not 8" in printed.err
+    # Two workers at 180 req/s between them: each takes 89 ms over a batch of 8 (90 req/s of its own).
+    assert "a batch takes 89 ms at 180 req/s" in printed.err
