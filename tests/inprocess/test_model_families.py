@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from handlers.tokenization import model_token_limit
 from tests.support import statuses
 from tooling.checkpoints import build_random_family_classifier
 from tooling.inprocess import load_handler, make_context, set_batch, unpacked_layout
@@ -36,6 +38,17 @@ def test_handler_serves_other_model_families(family_checkpoint, tmp_path):
         alone_context = make_context(model_dir)
         [single] = handler.handle(set_batch(alone_context, [(text.encode(), "text/plain")]), alone_context)
         assert json.loads(single)["score"] == pytest.approx(out[index]["score"], abs=1e-4)
+
+
+def test_roberta_s_positions_after_the_padding_index_leave_two_fewer_tokens():
+    """RoBERTa's position ids start after its padding index: of 514 positions, 512 tokens. A tokenizer that declares
+    no length (transformers' 1e30) must not let a pass run past the positions (an index error, every text 500)."""
+    unset = SimpleNamespace(model_max_length=int(1e30))
+    assert model_token_limit(unset, SimpleNamespace(model_type="roberta", max_position_embeddings=514)) == 512
+    assert model_token_limit(unset, SimpleNamespace(model_type="bert", max_position_embeddings=512)) == 512
+    assert model_token_limit(SimpleNamespace(model_max_length=128), SimpleNamespace(model_type="bert",
+                             max_position_embeddings=512)) == 128  # fmt: skip
+    assert model_token_limit(unset, SimpleNamespace()) == 512  # nothing declared: BERT's
 
 
 @pytest.mark.e2e

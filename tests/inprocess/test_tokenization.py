@@ -317,6 +317,9 @@ PAIRS = [
     ("x", "y"),
     ("word " * 40, "short"),  # the first text the longer: cut first
     ("short", "word " * 40),
+    # One text ASCII, the other not: the pair takes the whole tokenizer, as the ASCII shortcut needs both.
+    ("is breakfast included", "le petit-déjeuner est compris"),
+    ("¿Está incluido el desayuno?", "yes, from 7 to 10"),
 ]
 
 

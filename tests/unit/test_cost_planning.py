@@ -78,6 +78,14 @@ def test_where_a_pass_costs_its_padding_short_texts_leave_the_long_ones_pass():
     assert sum(cost(costs, len(g), padded_width(m, 8, 512)) for g, m in zip(groups, longest)) < one_pass
 
 
+def test_of_plans_that_cost_the_same_the_one_with_fewer_passes_is_made():
+    """Measured times that add up the same (one pass of two texts costs two passes of one): the fewer passes, each
+    a launch and a wait of its own that a measured time may leave out. Four texts: two passes of two, not more."""
+    costs = BucketCosts({Bucket(1, 16): 1.0, Bucket(2, 16): 2.0, Bucket(8, 16): 100.0})
+    assert plan_by_cost([5, 5], costs) == [[0, 1]]
+    assert plan_by_cost([5, 5, 5, 5], costs) == [[0, 1], [2, 3]]
+
+
 def test_a_batch_over_the_largest_bucket_is_cut_into_passes_that_fit():
     groups = plan_by_cost([20] * 300, measured(fixed_s=1e-2, per_token_s=1e-9), multiple=8)
     assert len(groups) == 3 and max(len(g) for g in groups) == 128  # three passes, none past the largest bucket

@@ -56,6 +56,14 @@ def test_a_pass_goes_to_the_bucket_measured_cheapest_even_when_it_holds_more_tok
     assert BucketCosts(costs).holding(9, 20) is None and BucketCosts(costs).holding(1, 65) is None
 
 
+def test_of_buckets_measured_as_fast_the_one_with_fewer_tokens_holds_the_pass():
+    """Equal times (a GPU whose passes cost their launches): the smaller bucket, which the metrics count as fewer
+    padded tokens, whatever order the times were measured in."""
+    costs = {Bucket(8, 64): 1.0, Bucket(4, 64): 1.0, Bucket(4, 32): 1.0}
+    assert BucketCosts(costs).holding(3, 20) == Bucket(4, 32)
+    assert BucketCosts(costs).holding(5, 20) == Bucket(8, 64)
+
+
 def test_a_pass_is_padded_into_its_bucket_as_masked_columns_and_lone_token_rows():
     encodings = [Encoding({"input_ids": [101, 7, 8, 102], "token_type_ids": [0, 0, 0, 0]}, False),
                  Encoding({"input_ids": [101, 9, 102], "token_type_ids": [0, 0, 0]}, False)]  # fmt: skip
