@@ -97,6 +97,7 @@ def haproxy_config(
         stats_port=stats_port,
         response_timeout=response_timeout,
         timeout_server=timeout_server,
+        # The client waits through the first try and every retry, each up to a whole server timeout.
         timeout_client=timeout_server * (retries + 1) + 10,
         retries=retries,
         latency_budget_ms=latency_budget_ms,

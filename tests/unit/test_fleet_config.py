@@ -7,6 +7,7 @@ No process is started: `haproxy -c` and `promtool check config` read the files t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -48,6 +49,10 @@ def test_haproxy_accepts_the_rendered_configuration(tmp_path):
     assert "server surge 127.0.0.1:18100 check port 18101 disabled" in text  # in maintenance until a roll
     assert "http-check send meth GET uri /models/bert" in text
     assert f"timeout server {haproxy_timeout_server(60)}s" in text and haproxy_timeout_server(60) > 60
+    # The client's connection outlasts the first try and each of the 3 retries, each of which may wait a whole
+    # server timeout: otherwise HAProxy would drop the client while a retry is still to be answered.
+    [client_timeout] = re.findall(r"timeout client (\d+)s", text)
+    assert int(client_timeout) > (3 + 1) * haproxy_timeout_server(60)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
