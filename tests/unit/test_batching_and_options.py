@@ -54,6 +54,9 @@ def test_options_defaults_and_overrides():
         {"max_bytes": 0},
         {"warmup": "yes"},
         {"max_length": 2},
+        # YAML reads true, yes and on as booleans, and a bool is an int to Python: max_instances: true is not 1.
+        {"max_instances": True},
+        {"cpu_threads": False},
     ],
 )
 def test_bad_options_fail_loudly(raw):

@@ -56,6 +56,14 @@ def test_v2_texts_and_id():
     assert parse_request(Document(nested), LIMIT).instances == ("a", "b")
 
 
+def test_a_request_of_exactly_max_instances_is_read_whole_in_every_format():
+    """The limit is the most a request may carry, not one past it: 413 TooManyInstances is for LIMIT + 1 (MALFORMED)."""
+    texts = [f"text {i}" for i in range(LIMIT)]
+    for body in ({"instances": texts}, v2(*texts)):
+        request = parse_request(Document(body), LIMIT)
+        assert request.error is None and request.instances == tuple(texts), request.error
+
+
 def test_pairs_in_every_format_in_order():
     assert parse_request(Document({"text": "q", "text_pair": "p"}), LIMIT).instances == (TextPair("q", "p"),)
     v1_pairs = parse_request(Document({"instances": [{"text": "q", "text_pair": "p"}, "alone"]}), LIMIT)
