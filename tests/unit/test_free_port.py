@@ -48,7 +48,7 @@ def test_a_range_set_in_the_environment_is_the_only_one_drawn_from(monkeypatch):
     monkeypatch.setenv(PORT_RANGE_VARIABLE, "20000-20100")
     ports = [free_port() for _ in range(30)]
     assert all(20_000 <= port < 20_100 for port in ports) and len(set(ports)) == 30
-    for wrong in ("20000", "20100-20000", "a-b", "0-10"):
+    for wrong in ("20000", "20100-20000", "20000-20000", "a-b", "0-10"):  # an empty range included
         monkeypatch.setenv(PORT_RANGE_VARIABLE, wrong)
         with pytest.raises(ValueError, match=PORT_RANGE_VARIABLE):
             free_port()

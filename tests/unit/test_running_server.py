@@ -219,3 +219,35 @@ def test_a_key_file_that_is_not_json_stops_a_command_in_one_line(tmp_path, capsy
     said = capsys.readouterr().err
     assert stopped.value.code == 2, said
     assert f"error: {key_file} is not a TorchServe key file (JSON)" in said and "Traceback" not in said
+
+
+def test_a_rotation_the_server_refuses_is_said_and_fails_the_command(tmp_path, capsys):
+    """From cron, a refused rotation (a wrong API key: 400 InvalidKeyException) must fail loudly, or the keys lapse an
+    hour later with nothing said. A real HTTP server here answers POST /token as TorchServe refuses it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from scripts import rotate_keys
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = b'{"code": 400, "type": "InvalidKeyException", "message": "Token is not valid"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Refusing) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            address = {"management_address": f"http://127.0.0.1:{server.server_address[1]}"}
+            config, key_file = write_server(tmp_path, address, keys("old"))
+            assert rotate_keys.main(["--config", str(config), "--key-file", str(key_file)]) == 1
+        finally:
+            server.shutdown()
+    said = capsys.readouterr()
+    assert "the inference key was not rotated (HTTP 400: " in said.err and "InvalidKeyException" in said.err
+    assert "rotated;" not in said.out
