@@ -4,6 +4,7 @@ call a truncated model_store/bert.mar, newer than its sources, up to date)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import zipfile
@@ -11,7 +12,7 @@ import zipfile
 import pytest
 
 from tooling import archiving
-from tooling.model_archive import archive_name, archive_version
+from tooling.model_archive import archive_name, archive_response_timeout, archive_version
 
 OLD = b"the archive that was there before"
 
@@ -77,3 +78,33 @@ def test_an_archive_without_a_version_is_read_as_torchserves_1_0(tmp_path):
     with zipfile.ZipFile(archive, "w") as mar:
         mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "tiny", "handler": "h.py"}}))
     assert (archive_name(archive), archive_version(archive)) == ("tiny", "1.0")
+
+
+@pytest.mark.parametrize("value", ["cpu_threads", "=2", " =2"])
+def test_a_handler_option_needs_a_key_and_an_equals_sign(value):
+    """`cpu_threads` alone would otherwise become the option cpu_threads with no value (None) in model-config.yaml."""
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE"):
+        archiving.parse_handler_option(value)
+
+
+def test_a_handler_options_value_is_read_as_yaml():
+    assert archiving.parse_handler_option("cpu_threads=2") == ("cpu_threads", 2)
+    assert archiving.parse_handler_option("compile=true") == ("compile", True)
+
+
+def test_an_archives_config_without_a_response_timeout_is_read_as_torchserves_120_seconds(tmp_path):
+    """With a model-config.yaml in the archive TorchServe 0.12 takes responseTimeout from it, 120 when it has none,
+    and ignores the server's value: the caller's default applies only to an archive without a config."""
+    archive = tmp_path / "configured.mar"
+    manifest = {"model": {"modelName": "tiny", "handler": "h.py", "configFile": "model-config.yaml"}}
+    with zipfile.ZipFile(archive, "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        mar.writestr("model-config.yaml", "batchSize: 8\n")
+    assert archive_response_timeout(archive, default=30) == 120
+
+
+def test_an_archive_without_a_config_takes_the_callers_response_timeout(tmp_path):
+    archive = tmp_path / "unconfigured.mar"
+    with zipfile.ZipFile(archive, "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "tiny", "handler": "h.py"}}))
+    assert archive_response_timeout(archive, default=30) == 30

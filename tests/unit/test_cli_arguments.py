@@ -32,6 +32,7 @@ ACCEPTED = [
     (seed, "4294967295", 2**32 - 1),
     (positive_float, "0.3", 0.3),
     (non_negative_float, "0", 0.0),
+    (fraction, "0", 0.0),  # 0 turns a --min-accuracy / --min-agreement check off
     (fraction, "0.99", 0.99),
     (fraction, "1", 1.0),
     (list_of(positive_int), "1,16, 64", [1, 16, 64]),

@@ -64,6 +64,17 @@ def test_gpus_listed_by_nvidia_smi_make_a_gpu_host_that_still_needs_a_cuda_torch
     assert "nvidia-smi lists 2 GPU(s)" in found["reason"]
 
 
+def test_mig_devices_listed_under_a_gpu_are_not_counted_as_gpus(tmp_path):
+    """With MIG on, `nvidia-smi -L` lists each MIG device indented under its GPU: one GPU, however many slices."""
+    listing = (
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\n"
+        "  MIG 1g.10gb     Device  0: (UUID: MIG-0)\n"
+        "  MIG 1g.10gb     Device  1: (UUID: MIG-1)\n"
+    )
+    found = detect(tmp_path, listing=listing, torch_devices=None)
+    assert (found["device"], found["gpus"]) == ("gpu", 1)
+
+
 def test_a_cuda_torch_already_installed_is_a_gpu_host_whose_torch_is_kept(tmp_path):
     # A CUDA container may lack nvidia-smi on PATH; the interpreter's torch still sees the device.
     found = detect(tmp_path, listing=None, torch_devices=1)

@@ -83,6 +83,8 @@ def test_a_manylinux_host_takes_every_older_glibc_tag_and_the_legacy_aliases():
         assert older in tags
     assert "manylinux_2_29_x86_64" not in tags
     assert "manylinux2014_x86_64" not in compatible_platforms("manylinux_2_12_x86_64")
+    # manylinux2014 is manylinux_2_17 by another name: a 2_17 host takes its wheels.
+    assert "manylinux2014_x86_64" in compatible_platforms("manylinux_2_17_x86_64")
     assert compatible_platforms("linux_aarch64") == ["linux_aarch64", "any"]
 
 
