@@ -149,6 +149,14 @@ def test_the_answers_check_counts_every_answer_and_the_ones_outside_the_toleranc
     assert math.isinf(figures["answers_max_abs_diff"])
 
 
+def test_an_answer_exactly_at_the_tolerance_is_within_it_not_wrong():
+    # "every probability is within the served dtype's tolerance": a difference equal to it passes.
+    check = AnswerCheck([answer(0.5)], 0.25)  # 0.25 and 0.75 are exact in binary: no rounding at the edge
+    check.check(0, json.dumps(answer(0.75)).encode())
+    figures = check.figures()
+    assert figures["answers_max_abs_diff"] == 0.25 and figures["answers_wrong"] == 0
+
+
 def test_a_different_truncation_flag_or_label_set_is_never_within_tolerance():
     assert difference(answer(0.9), answer(0.9)) == 0.0
     assert math.isinf(difference(answer(0.9, truncated=True), answer(0.9)))

@@ -128,6 +128,15 @@ def test_lower_is_better_targets_compare_the_other_way():
     assert result["measured"] == 18 and result["met"] is False
 
 
+def test_a_target_measured_exactly_at_its_goal_is_met_either_way():
+    # targets.yaml: met when measured >= goal (<= with lower_is_better); reaching the goal is meeting it.
+    select = {"p50": {"table": "served", "where": {"concurrency": 1}, "field": "p50_ms", "pick": "only"}}
+    higher = {"name": "higher", "select": select, "measured": "p50", "goal": 20}
+    lower = {**higher, "name": "lower", "lower_is_better": True}
+    results = evaluate_targets({"served": SERVED, "ceilings": []}, [higher, lower])
+    assert [(r["measured"], r["met"]) for r in results] == [(20.0, True), (20.0, True)]
+
+
 def test_an_ambiguous_only_pick_is_an_error_not_a_silent_choice():
     target = {"name": "x", "select": {"a": {"table": "served", "where": {"backend": "pytorch"}, "field": "rps"}},
               "measured": "a", "goal": 1}  # fmt: skip

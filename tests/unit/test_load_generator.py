@@ -18,7 +18,7 @@ from aiohttp import web
 
 from tooling.bench.answers import AnswerCheck
 from tooling.bench.http_client import Endpoint, Pool, header_lines
-from tooling.bench.loadgen import closed_loop, percentile_ms
+from tooling.bench.loadgen import CLIENTS_PER_PROCESS, MAX_PROCESSES, closed_loop, percentile_ms, processes_for
 from tooling.bench.openloop import (
     OpenLoopResult,
     Outcome,
@@ -94,6 +94,14 @@ def answer_of(body: str) -> web.Response:
 
 def run(url: str, clients: int = 4, seconds: float = 0.5) -> dict:
     return closed_loop(url, {"Content-Type": "text/plain"}, TEXTS, clients, seconds, AnswerCheck(ANSWERS, 1e-9))
+
+
+def test_no_load_process_holds_more_than_its_share_of_clients_where_cores_allow(monkeypatch):
+    # On a machine with cores to spare, one client past a process's share starts another process.
+    monkeypatch.setattr("multiprocessing.cpu_count", lambda: 16)
+    assert processes_for(1) == processes_for(CLIENTS_PER_PROCESS) == 1
+    assert processes_for(CLIENTS_PER_PROCESS + 1) == 2
+    assert processes_for(100 * CLIENTS_PER_PROCESS) == MAX_PROCESSES
 
 
 def test_every_request_arrives_whole_and_every_answer_is_read_and_checked():
@@ -361,6 +369,18 @@ def test_percentiles_count_every_request_scheduled_in_the_window_those_not_answe
     outcomes[70], outcomes[80] = _outcome(70, 200, 0.1, lag=0.05), _outcome(80, 200, 0.1, lag=0.05)
     lagged = OpenLoopResult(offered=100, seconds=1.0, timeout_s=0.3, window=(0.25, 1.0), outcomes=outcomes).summary()
     assert lagged["send_lag_max_ms"] == pytest.approx(50) and lagged["send_lag_unreliable"]
+
+
+def test_a_p99_send_lag_of_exactly_a_tenth_of_the_timeout_flags_the_cell_unreliable():
+    # "a tenth of the timeout or more": every request sent 100 ms late against a 1 s timeout is already too late.
+    outcomes = [Outcome(i, 200, 0.2, sent_at=0.1, scheduled_at=0.0) for i in range(10)]
+    summary = OpenLoopResult(offered=10, seconds=1.0, timeout_s=1.0, window=(0.0, 1.0), outcomes=outcomes).summary()
+    assert summary["send_lag_p99_ms"] == 100.0 and summary["send_lag_unreliable"]
+
+
+def test_a_constant_schedule_too_short_for_one_gap_still_sends_one_request():
+    # "at least one": a cell shorter than 1/rate measures one request rather than none.
+    assert schedule_for(1, 0.2, "constant") == [0.0]
 
 
 def test_poisson_arrivals_span_the_whole_schedule_and_constant_ones_keep_their_count():

@@ -69,6 +69,8 @@ def test_an_eval_tsv_takes_label_names_or_indices(tmp_path):
 
 @pytest.mark.parametrize(("content", "error"), [("neutral\tso so\n", r"eval\.tsv:1: label 'neutral'"),
                                                 ("positive\n", r"eval\.tsv:1: expected label<TAB>text"),
+                                                # an index past the last label: no class of this model
+                                                ("2\tout of range\n", r"eval\.tsv:1: label '2'"),
                                                 ("\n", "no labelled rows")])  # fmt: skip
 def test_a_malformed_eval_tsv_is_refused_with_its_line(tmp_path, content, error):
     path = tmp_path / "eval.tsv"
@@ -188,3 +190,34 @@ def test_an_onnx_graph_without_token_types_refuses_a_pass_that_holds_a_pair():
         forward([single, pair])
     # A model without token types (DistilBERT, RoBERTa) reads a pair by its separator: nothing is lost.
     assert OnnxForward(Session(), "cpu", options, 0, 512, "a graph")([single, pair]).shape == (2, 2)
+
+
+def test_an_onnx_graph_whose_output_is_not_one_row_per_text_is_refused():
+    # A graph exported elsewhere may squeeze its one score column to a vector (one number per text): the scores
+    # (handlers/scores.py) need one row per text, so the pass raises rather than answer from a misshapen output.
+    from handlers.onnx_forward import OnnxForward
+    from handlers.tokenization import Encoding
+
+    class Node:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class Session:  # ONNX Runtime's session, as far as OnnxForward asks it
+        def __init__(self, shape) -> None:
+            self.shape = shape
+
+        def get_inputs(self):
+            return [Node("input_ids"), Node("attention_mask")]
+
+        def get_outputs(self):
+            return [Node("scores")]
+
+        def run(self, outputs, feed):
+            return [np.zeros(self.shape(len(feed["input_ids"])), dtype=np.float32)]
+
+    options = HandlerOptions().for_device("cpu", "onnxruntime")
+    text = Encoding({"input_ids": [101, 7, 102]}, False)
+    assert OnnxForward(Session(lambda n: (n, 1)), "cpu", options, 0, 512, "a graph")([text, text]).shape == (2, 1)
+    for shape in (lambda n: (n,), lambda n: (n, 1, 1), lambda n: (n + 1, 1)):
+        with pytest.raises(OnnxBackendError, match="ONNX output shape"):
+            OnnxForward(Session(shape), "cpu", options, 0, 512, "a graph")([text, text])

@@ -19,3 +19,9 @@ def test_without_agreement_every_round_is_taken_and_the_last_is_kept():
     readings = readings_until_stable(lambda i: values[i], rounds=4)
     assert readings.values == values and not readings.agreed
     assert readings.lower_of_agreeing_pair == 80.0
+
+
+def test_two_readings_exactly_the_agreement_bar_apart_agree():
+    # "two in a row agree within `agree`": a gap of exactly agree x the earlier reading is within it.
+    readings = readings_until_stable(lambda i: [100.0, 75.0, 10.0, 10.0][i], agree=0.25)
+    assert readings.values == [100.0, 75.0] and readings.agreed
