@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import http.server
 import ipaddress
 import json
 import logging
@@ -11,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -50,6 +52,18 @@ def logged_warnings(*names: str) -> Iterator[list[logging.LogRecord]]:
     finally:
         for logger in loggers:
             logger.removeHandler(collector)
+
+
+@contextlib.contextmanager
+def serving_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A loopback HTTP server answering with `handler` on a thread of its own while in the block: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def umask_of(pid: int) -> str:

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.deploy.manifests import fake_archive
+from tests.support import serving_http
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
@@ -156,12 +157,8 @@ def probe_url():
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving_http(Answer) as url:
+        yield url
 
 
 def test_a_replica_that_cannot_load_rolls_back_every_replica_already_moved_last_first(fleet, probe_url):

@@ -6,6 +6,7 @@ Exporting and serving real graphs is tested end to end in tests/e2e/test_onnx_ba
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -161,35 +162,43 @@ def test_the_token_budget_defaults_per_backend_and_device():
     assert HandlerOptions(cuda_graphs=True, max_batch_tokens=8192).for_device("cuda").max_batch_tokens == 8192
 
 
+class Node:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class StandInSession:
+    """ONNX Runtime's session, as far as OnnxForward asks it: a graph without token_type_ids whose one output has
+    the shape `shape(rows)` for a pass of `rows` texts (by default one row of two scores per text)."""
+
+    def __init__(self, shape: Callable[[int], tuple[int, ...]] = lambda rows: (rows, 2)) -> None:
+        self.shape = shape
+
+    def get_inputs(self):
+        return [Node("input_ids"), Node("attention_mask")]
+
+    def get_outputs(self):
+        return [Node("probabilities")]
+
+    def run(self, outputs, feed):
+        return [np.full(self.shape(len(feed["input_ids"])), 0.5, dtype=np.float32)]
+
+
 def test_an_onnx_graph_without_token_types_refuses_a_pass_that_holds_a_pair():
     # A graph exported elsewhere may take no token_type_ids: single texts lose nothing, a pair would be read as one
     # text. The pass raises, and bisection (handlers/fault_isolation.py) answers each pair alone with 500.
     from handlers.onnx_forward import OnnxForward
     from handlers.tokenization import Encoding
 
-    class Node:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-    class Session:  # ONNX Runtime's session, as far as OnnxForward asks it
-        def get_inputs(self):
-            return [Node("input_ids"), Node("attention_mask")]
-
-        def get_outputs(self):
-            return [Node("probabilities")]
-
-        def run(self, outputs, feed):
-            return [np.full((len(feed["input_ids"]), 2), 0.5, dtype=np.float32)]
-
     options = HandlerOptions().for_device("cpu", "onnxruntime")
-    forward = OnnxForward(Session(), "cpu", options, 0, 512, "a graph", token_types=True)
+    forward = OnnxForward(StandInSession(), "cpu", options, 0, 512, "a graph", token_types=True)
     single = Encoding({"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0]}, False)
     pair = Encoding({"input_ids": [101, 7, 102, 8, 102], "token_type_ids": [0, 0, 0, 1, 1]}, False)
     assert forward([single, single]).shape == (2, 2)
     with pytest.raises(OnnxBackendError, match="needs token_type_ids"):
         forward([single, pair])
     # A model without token types (DistilBERT, RoBERTa) reads a pair by its separator: nothing is lost.
-    assert OnnxForward(Session(), "cpu", options, 0, 512, "a graph")([single, pair]).shape == (2, 2)
+    assert OnnxForward(StandInSession(), "cpu", options, 0, 512, "a graph")([single, pair]).shape == (2, 2)
 
 
 def test_an_onnx_graph_whose_output_is_not_one_row_per_text_is_refused():
@@ -198,26 +207,13 @@ def test_an_onnx_graph_whose_output_is_not_one_row_per_text_is_refused():
     from handlers.onnx_forward import OnnxForward
     from handlers.tokenization import Encoding
 
-    class Node:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-    class Session:  # ONNX Runtime's session, as far as OnnxForward asks it
-        def __init__(self, shape) -> None:
-            self.shape = shape
-
-        def get_inputs(self):
-            return [Node("input_ids"), Node("attention_mask")]
-
-        def get_outputs(self):
-            return [Node("scores")]
-
-        def run(self, outputs, feed):
-            return [np.zeros(self.shape(len(feed["input_ids"])), dtype=np.float32)]
-
     options = HandlerOptions().for_device("cpu", "onnxruntime")
     text = Encoding({"input_ids": [101, 7, 102]}, False)
-    assert OnnxForward(Session(lambda n: (n, 1)), "cpu", options, 0, 512, "a graph")([text, text]).shape == (2, 1)
+
+    def two_texts_through(shape):
+        return OnnxForward(StandInSession(shape), "cpu", options, 0, 512, "a graph")([text, text])
+
+    assert two_texts_through(lambda n: (n, 1)).shape == (2, 1)
     for shape in (lambda n: (n,), lambda n: (n, 1, 1), lambda n: (n + 1, 1)):
         with pytest.raises(OnnxBackendError, match="ONNX output shape"):
-            OnnxForward(Session(shape), "cpu", options, 0, 512, "a graph")([text, text])
+            two_texts_through(shape)

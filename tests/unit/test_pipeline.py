@@ -366,26 +366,28 @@ def test_a_request_its_own_pass_would_answer_in_time_but_its_batch_would_not_is_
     assert {len(row) for p in forward.passes for row in p} == {5, 6}  # "a" (3 tokens) never ran
 
 
-def test_the_passes_that_answer_the_most_requests_in_time_run_and_the_others_are_refused(monkeypatch):
-    """Three requests with the same deadline, each a pass of its own, room for two passes: two run, in time. A
-    check that wanted every pass to end in time would have refused all three."""
+def three_passes_room_for_two(monkeypatch):
+    """Three requests with the same deadline, each a pass of its own taking 100 s, at a pace the batches before
+    measured as 100 s, with room for two passes: (outcome, forward, pace, seconds the batch took)."""
     model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
     pace = PassPace()
-    pace.observe(100_000.0)  # ms: as the batches before measured
+    pace.observe(100_000.0)  # ms
     start = clock[0]
     outcome = run_paced(model, pace, *(with_deadline(t, start + 250) for t in ("a", "b c d", "one two three")))
+    return outcome, forward, pace, clock[0] - start
+
+
+def test_the_passes_that_answer_the_most_requests_in_time_run_and_the_others_are_refused(monkeypatch):
+    """Two of the three run, in time. A check that wanted every pass to end in time would have refused all three."""
+    outcome, forward, _, took = three_passes_room_for_two(monkeypatch)
     assert sorted(a.status for a in outcome.answers) == [200, 200, 503]
-    assert len(forward.passes) == 2 and clock[0] - start == 200
+    assert len(forward.passes) == 2 and took == 200
 
 
 def test_refusals_beside_passes_that_ran_leave_the_pace_those_passes_measured(monkeypatch):
     """The estimate comes down only when a batch ran no pass (the next test): a batch whose passes ran measured the
     pace, and the refusals beside them are that measurement's, not a sign that it is too high."""
-    model, forward, clock = ticking_model(monkeypatch, tick=100.0, max_batch_tokens=6)
-    pace = PassPace()
-    pace.observe(100_000.0)  # ms: what each pass below takes
-    start = clock[0]
-    outcome = run_paced(model, pace, *(with_deadline(t, start + 250) for t in ("a", "b c d", "one two three")))
+    outcome, forward, pace, _ = three_passes_room_for_two(monkeypatch)
     assert sorted(a.status for a in outcome.answers) == [200, 200, 503] and len(forward.passes) == 2
     assert pace.ms == 100_000.0
 

@@ -224,10 +224,10 @@ def test_a_key_file_that_is_not_json_stops_a_command_in_one_line(tmp_path, capsy
 def test_a_rotation_the_server_refuses_is_said_and_fails_the_command(tmp_path, capsys):
     """From cron, a refused rotation (a wrong API key: 400 InvalidKeyException) must fail loudly, or the keys lapse an
     hour later with nothing said. A real HTTP server here answers POST /token as TorchServe refuses it."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from scripts import rotate_keys
+    from tests.support import serving_http
 
     class Refusing(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -240,14 +240,9 @@ def test_a_rotation_the_server_refuses_is_said_and_fails_the_command(tmp_path, c
         def log_message(self, *args) -> None:
             pass
 
-    with ThreadingHTTPServer(("127.0.0.1", 0), Refusing) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            address = {"management_address": f"http://127.0.0.1:{server.server_address[1]}"}
-            config, key_file = write_server(tmp_path, address, keys("old"))
-            assert rotate_keys.main(["--config", str(config), "--key-file", str(key_file)]) == 1
-        finally:
-            server.shutdown()
+    with serving_http(Refusing) as url:
+        config, key_file = write_server(tmp_path, {"management_address": url}, keys("old"))
+        assert rotate_keys.main(["--config", str(config), "--key-file", str(key_file)]) == 1
     said = capsys.readouterr()
     assert "the inference key was not rotated (HTTP 400: " in said.err and "InvalidKeyException" in said.err
     assert "rotated;" not in said.out
