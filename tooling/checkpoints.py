@@ -40,15 +40,16 @@ def minilm_dir() -> Path:
 def build_random_family_classifier(out_dir: Path, family: str, seed: int = 0) -> Path:
     """A tiny random DistilBERT or RoBERTa classifier, to show the handler is not BERT-only.
 
-    DistilBERT uses BERT's WordPiece vocabulary, so it gets the MiniLM tokenizer. RoBERTa
+    DistilBERT uses BERT's WordPiece vocabulary, so it gets the MiniLM vocabulary, as a DistilBERT tokenizer: like
+    distilbert-base-uncased's, it gives no token types (the handler's path for tokenizers without them). RoBERTa
     uses byte-level BPE: a small one is trained here on the project's own review texts,
     so the checkpoint has a genuine RoBERTa tokenizer without downloading anything.
     """
     import torch
     from transformers import (
-        AutoTokenizer,
         DistilBertConfig,
         DistilBertForSequenceClassification,
+        DistilBertTokenizerFast,
         RobertaConfig,
         RobertaForSequenceClassification,
     )
@@ -59,7 +60,7 @@ def build_random_family_classifier(out_dir: Path, family: str, seed: int = 0) ->
     labels = {"id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}}
     torch.manual_seed(seed)
     if family == "distilbert":
-        tokenizer = AutoTokenizer.from_pretrained(minilm_dir(), local_files_only=True)
+        tokenizer = DistilBertTokenizerFast.from_pretrained(minilm_dir(), local_files_only=True)
         config = DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, hidden_dim=64, n_layers=2, n_heads=2,
                                   initializer_range=0.2, **labels)  # fmt: skip
         model = DistilBertForSequenceClassification(config)
