@@ -123,6 +123,20 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         "MalformedRequest",
         "outputs[1].name must be one of label, score, probabilities, truncated, got 'logits'",
     ),
+    (
+        "v2 outputs not an array",
+        {**v2_one, "outputs": {"name": "label"}},
+        400,
+        "MalformedRequest",
+        "'outputs' must be an array of {\"name\": ...}, got object",
+    ),
+    (
+        "v2 an output named by a bare string",
+        {**v2_one, "outputs": ["label"]},
+        400,
+        "MalformedRequest",
+        "outputs[0] must be an object with a 'name', got string",
+    ),
     # The binary data extension's flags are booleans: any other value is refused, not guessed either way.
     (
         "v2 binary_data not a boolean",

@@ -14,14 +14,14 @@ from tooling.paths import METRICS_CONFIG
 
 def make_context(
     model_dir: Path, handler_options: dict | None = None, model_name: str = "tiny", gpu_id: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = 8, metrics_config: Path = METRICS_CONFIG,
 ):  # fmt: skip
-    """TorchServe's Context for a model unpacked at model_dir, with the server's metrics declarations;
-    `gpu_id` as TorchServe gives a GPU worker (None: a CPU worker), `batch_size` as registered."""
+    """TorchServe's Context for a model unpacked at model_dir, with the server's metrics declarations (or those of
+    `metrics_config`); `gpu_id` as TorchServe gives a GPU worker (None: a CPU worker), `batch_size` as registered."""
     from ts.context import Context
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-    metrics = MetricsCacheYamlImpl(str(METRICS_CONFIG))
+    metrics = MetricsCacheYamlImpl(str(metrics_config))
     metrics.initialize_cache()
     metrics.model_name = model_name
     manifest = {"model": {"modelName": model_name, "modelVersion": "1.0", "handler": "bert_handler.py"}}  # as archived

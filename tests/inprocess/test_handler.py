@@ -159,6 +159,33 @@ def test_a_batchs_metric_lines_carry_no_request_ids(unpacked_model_dir, caplog):
     assert not [line for line in lines if "req-" in line]
 
 
+def test_a_metric_torchserve_refuses_never_touches_an_answer_and_is_named_in_the_log(
+    unpacked_model_dir, tmp_path, caplog
+):
+    """A metrics.yaml out of step with the handler (here: an operator's copy that dropped the Reason dimension of
+    bert_rejected_items_total) makes TorchServe refuse that metric on every rejection: the answers are as always,
+    the other metrics still emitted for each batch, and TorchServe's own error line names the metric refused."""
+    from handlers.bert_handler import BertSequenceClassifierHandler
+    from tooling.paths import METRICS_CONFIG
+
+    declared = METRICS_CONFIG.read_text()
+    assert declared.count('[*model_name, *level, "Reason"]') == 1
+    config = tmp_path / "metrics.yaml"
+    config.write_text(declared.replace('[*model_name, *level, "Reason"]', "[*model_name, *level]"))
+    context = make_context(unpacked_model_dir, {"warmup": False}, metrics_config=config)
+    handler = BertSequenceClassifierHandler()
+    handler.initialize(context)
+    caplog.set_level(logging.INFO, logger="ts.metrics.caching_metric")
+    items = [(b"a fine stay", TEXT), (b"", TEXT), (b"the room was dirty", TEXT)]
+    for _ in range(2):
+        bodies, codes = run(handler, context, items)
+        assert codes == [200, 400, 200] and bodies[1]["type"] == "EmptyText"
+    refused = [m for m in caplog.messages if "Failed to update metric with name:bert_rejected_items_total" in m]
+    emitted = [m for m in caplog.messages if m.startswith("[METRICS]bert_batches_total.Count:1|")]
+    assert len(refused) == 2 and len(emitted) == 2
+    assert_same_answer(bodies[0], expected_alone(handler, unpacked_model_dir, ["a fine stay"])[0])
+
+
 def test_handle_never_raises_and_fills_every_slot(loaded_handler, context, monkeypatch):
     import handlers.pipeline as module
 

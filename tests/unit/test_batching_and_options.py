@@ -57,10 +57,18 @@ def test_options_defaults_and_overrides():
         # YAML reads true, yes and on as booleans, and a bool is an int to Python: max_instances: true is not 1.
         {"max_instances": True},
         {"cpu_threads": False},
+        {"fault_kind": "segfault"},
+        {"max_batch_tokens": -1},
+        {"pad_to_multiple_of": -8},
+        {"cuda_memory_fraction": 1.5},
+        {"cuda_memory_fraction": -0.5},
+        {"cpu_threads": -1},
+        {"fault_delay_s": -1.0},
     ],
 )
 def test_bad_options_fail_loudly(raw):
-    with pytest.raises(ValueError):
+    # The message names the option, so the load log points at the line of model-config.yaml to mend.
+    with pytest.raises(ValueError, match=next(iter(raw))):
         HandlerOptions.from_mapping(raw)
 
 

@@ -110,6 +110,12 @@ def element(data: bytes) -> bytes:
 )
 def test_broken_element_framing_is_named(blob, fragment):
     assert fragment in byte_elements(blob)
+    # Sent as a request's input, the same framing is that request's 400, naming the input and the element.
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(blob)}}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    parsed = read_on_the_kserve_route(header + blob, len(header))
+    assert parsed.error is not None and parsed.error.status == 400
+    assert f"inputs[0]: {fragment}" in parsed.error.message
 
 
 def test_sizes_that_do_not_add_up_are_refused_as_a_whole_request():

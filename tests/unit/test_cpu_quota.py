@@ -72,6 +72,13 @@ def test_v1_unlimited_and_missing_files(tmp_path):
     assert cpu_limit(tmp_path / "nothing", tmp_path / "no-proc-file") is None
 
 
+def test_quota_files_that_hold_no_numbers_are_no_limit_not_a_failed_load(tmp_path):
+    # Read at every worker's load (cpu_threads: 0): a file no kernel writes is no limit rather than a worker
+    # that cannot start.
+    assert cpu_limit(*v2_tree(tmp_path / "v2", "lots 100000")) is None
+    assert cpu_limit(*v1_tree(tmp_path / "v1", "100000", period="often")) is None
+
+
 @pytest.mark.skipif(CORES < 2, reason="needs an affinity of 2 cores or more to show the cap")
 def test_handler_options_resolve_cpu_threads_to_the_quota(tmp_path, monkeypatch):
     """The handler's own resolution (options.for_device) reads the quota: 1 CPU -> 1 thread on any node."""
