@@ -62,3 +62,24 @@ def test_the_suites_processes_draw_from_halves_that_do_not_meet():
         pytest.skip("one process (pytest without -n): nothing to share")
     count, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
     assert torchserve.port_range() == port_share(index, count)
+
+
+def test_with_no_room_below_the_ephemeral_range_a_port_is_still_handed_out(monkeypatch):
+    """A kernel whose ephemeral range starts at or below LOWEST_PORT (ip_local_port_range "1024 65535"): free_port
+    falls back to a port the kernel picks, not an empty draw."""
+    monkeypatch.setattr(torchserve, "_ephemeral_low", lambda: LOWEST_PORT)  # the kernel's reading, as it would be
+    monkeypatch.delenv(PORT_RANGE_VARIABLE, raising=False)
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_a_range_whose_every_port_is_taken_is_named_not_handed_out(monkeypatch):
+    """BERT_PORT_RANGE narrowed to ports all in use: an error naming the range, never a port that is taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setenv(PORT_RANGE_VARIABLE, f"{busy}-{busy + 1}")
+        with pytest.raises(RuntimeError, match=f"^no free loopback port between {busy} and {busy + 1}$"):
+            free_port()

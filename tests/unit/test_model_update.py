@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from scripts import archive_model
+from scripts import update_model as update_model_command
 from tooling import model_update
 from tooling.model_update import UpdateFailed, keep_for_restart, update_bound_s, update_model
 from tooling.torchserve import RunningServer
@@ -25,6 +26,9 @@ MODEL = "sentiment"
 PROBE = b"the room was clean"
 # The old version's batching: its drain waits out maxBatchDelay + responseTimeout once its queue is empty.
 MAX_BATCH_DELAY_MS, RESPONSE_TIMEOUT_S = 500, 120
+# What FakeTorchServe.faults makes it answer a call with, besides (status, body): no answer (the connection closed, as
+# a server that died or a proxy that gave up), or TorchServe's refusal of an expired key.
+DROP, REFUSE_KEY = "drop", "refuse key"
 
 
 def write_archive(path: Path, name: str, version: str) -> Path:
@@ -44,6 +48,11 @@ class FakeTorchServe(ThreadingHTTPServer):
         self.register_status = 200
         self.probe_status = 200
         self.calls: list[tuple[str, str]] = []
+        # call ("register", "set-default", "unregister", "probe", "list") -> DROP, REFUSE_KEY or (status, body)
+        self.faults: dict[str, str | tuple[int, bytes]] = {}
+        # version -> the requests its queue holds; each description of that version shows one fewer while `draining`
+        self.queued: dict[str, int] = {}
+        self.draining = True
 
     @property
     def url(self) -> str:
@@ -58,8 +67,17 @@ class FakeTorchServe(ThreadingHTTPServer):
             "maxBatchDelay": MAX_BATCH_DELAY_MS,
             "minWorkers": 2,
             "responseTimeout": RESPONSE_TIMEOUT_S,
-            "jobQueueStatus": {"pendingRequests": 0},
+            "jobQueueStatus": {"pendingRequests": self.queued.get(version, 0)},
         }
+
+    def call_of(self, method: str, segments: list[str]) -> str | None:
+        if method == "GET" and segments == ["models"]:
+            return "list"
+        if method == "POST":
+            return {"models": "register", "predictions": "probe"}.get(segments[0])
+        if method == "PUT" and segments[-1] == "set-default":
+            return "set-default"
+        return "unregister" if method == "DELETE" else None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -81,6 +99,19 @@ class _Handler(BaseHTTPRequestHandler):
         fake.calls.append((method, parts.path))
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         segments = parts.path.strip("/").split("/")
+        fault = fake.faults.get(fake.call_of(method, segments))
+        if fault == DROP:
+            self.close_connection = True
+            return None
+        if fault == REFUSE_KEY:
+            return self._answer(400, {"code": 400, "type": "InvalidKeyException", "message": "Token is not valid"})
+        if fault is not None:
+            status, body = fault
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return None
         if method == "GET" and segments == ["models"]:
             models = [{"modelName": MODEL, "modelUrl": fake.versions[fake.default]}] if fake.default else []
             return self._answer(200, {"models": models})
@@ -91,7 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and rest == ["all"]:
                 return self._answer(200, [fake.describe(version) for version in fake.versions])
             if method == "GET" and len(rest) == 1 and rest[0] in fake.versions:
-                return self._answer(200, [fake.describe(rest[0])])
+                described = fake.describe(rest[0])
+                if fake.draining and fake.queued.get(rest[0]):
+                    fake.queued[rest[0]] -= 1
+                return self._answer(200, [described])
             if method == "PUT" and len(rest) == 2 and rest[1] == "set-default" and rest[0] in fake.versions:
                 fake.default = rest[0]
                 return self._answer(200, {"status": "Default version succsesfully updated"})
@@ -265,13 +299,176 @@ def test_the_restart_archive_is_replaced_whole_or_not_at_all(tmp_path, monkeypat
     assert (store / f"{MODEL}.mar").stat().st_ino != inode, "written in place, not renamed over it"
 
 
+# ---- where an update stops, and what serves then ------------------------------------------------------------------
+
+
+def update_to_2(fake: FakeTorchServe, server: RunningServer, **options) -> None:
+    """The update of `sentiment` to 2.0, from sentiment-2.0.mar, with no drain's grace unless `options` give one."""
+    write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0")
+    update_model(server, MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, **{"grace_s": 0, "say": lambda _: None, **options})
+
+
+def restart_archive_version(fake: FakeTorchServe) -> str:
+    from tooling.model_archive import archive_version
+
+    return archive_version(fake.store / f"{MODEL}.mar")
+
+
+def test_a_model_the_server_does_not_serve_is_named_and_nothing_is_changed(fake, tmp_path):
+    write_archive(fake.store / "absent-2.0.mar", "absent", "2.0")
+    server = running(fake, key_file(tmp_path, 3600))
+    with pytest.raises(UpdateFailed, match=f"^absent is not registered on {fake.url}$"):
+        update_model(server, "absent", "absent-2.0.mar", "2.0", PROBE, grace_s=0, say=lambda _: None)
+    assert changes(fake) == []
+
+
+def test_a_file_that_is_not_an_archive_is_refused_before_any_change(fake, tmp_path):
+    (fake.store / f"{MODEL}-2.0.mar").write_bytes(b"not a zip")
+    server = running(fake, key_file(tmp_path, 3600))
+    with pytest.raises(UpdateFailed, match=r"not a TorchServe model archive .*; nothing was changed$"):
+        update_model(server, MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, grace_s=0, say=lambda _: None)
+    assert fake.calls == []
+
+
+def test_a_server_without_token_authorization_is_updated_without_keys(fake):
+    """config.properties may turn token authorization off (docs/configuration.md): there is no key file to check."""
+    update_to_2(fake, RunningServer(fake.url, fake.url, fake.store, None))
+    assert fake.versions == {"2.0": f"{MODEL}-2.0.mar"} and restart_archive_version(fake) == "2.0"
+
+
+def test_a_registration_that_gets_no_answer_says_the_new_version_may_still_be_loading(fake, tmp_path):
+    """No answer is not a refusal: TorchServe may still be loading it, so it is named for the operator to drop, not
+    unregistered blind."""
+    fake.faults["register"] = DROP
+    expected = (
+        r"registering sentiment-2\.0\.mar got no answer \(.*\); sentiment 1\.0 still serves, and 2\.0 may still be "
+        r"loading: DELETE /models/sentiment/2\.0 to drop it"
+    )
+    with pytest.raises(UpdateFailed, match=expected):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert ("DELETE", f"/models/{MODEL}/2.0") not in fake.calls and restart_archive_version(fake) == "1.0"
+
+
+def test_a_refusal_that_is_not_json_is_quoted_as_the_server_wrote_it(fake, tmp_path):
+    """A proxy's error page, say, in front of the management API."""
+    fake.faults["register"] = (502, b"<html>Bad Gateway</html>\n")
+    with pytest.raises(UpdateFailed, match=r"failed \(HTTP 502: <html>Bad Gateway</html>\); 2\.0 is not registered"):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (DROP, r"answered the probe with HTTP 0 \(.*Connection aborted"),
+        (REFUSE_KEY, r"answered the probe with HTTP 400 \(the server refused the inference key .*scripts\.rotate_keys"),
+    ],
+    ids=["no-answer", "key-refused"],
+)
+def test_a_probe_without_an_answer_withdraws_the_new_version_and_says_why(fake, tmp_path, fault, said):
+    fake.faults["probe"] = fault
+    with pytest.raises(UpdateFailed, match=said + r".*2\.0 is unregistered again, and sentiment 1\.0 still serves"):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert fake.versions == {"1.0": f"{MODEL}.mar"} and fake.default == "1.0"
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (DROP, r"unregistering 2\.0 failed \(.*Connection aborted.*\): DELETE /models/sentiment/2\.0"),
+        (REFUSE_KEY, r"unregistering 2\.0 failed \(the server refused the management key .*\): DELETE /models/.*"),
+        ((500, b'{"message": "busy"}'), r"unregistering 2\.0 failed \(HTTP 500\): DELETE /models/sentiment/2\.0"),
+    ],
+    ids=["no-answer", "key-refused", "http-500"],
+)
+def test_a_new_version_that_cannot_be_withdrawn_is_named_with_the_call_that_drops_it(fake, tmp_path, fault, said):
+    """The probe failed; the unregister of the new version fails too: the operator is told what to send."""
+    fake.probe_status, fake.faults["unregister"] = 500, fault
+    with pytest.raises(UpdateFailed, match=said + r", and sentiment 1\.0 still serves, unchanged\.$"):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert fake.default == "1.0" and restart_archive_version(fake) == "1.0"
+
+
+def test_a_switch_the_server_refuses_withdraws_the_new_version(fake, tmp_path):
+    fake.faults["set-default"] = (500, b'{"code": 500, "message": "cannot set default"}')
+    expected = (
+        r"making 2\.0 the default failed \(HTTP 500: cannot set default\); 2\.0 is unregistered again, and "
+        r"sentiment 1\.0 still serves"
+    )
+    with pytest.raises(UpdateFailed, match=expected):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert fake.versions == {"1.0": f"{MODEL}.mar"} and fake.default == "1.0"
+    assert restart_archive_version(fake) == "1.0"
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (REFUSE_KEY, r"the server refused the management key .*\. sentiment 2\.0 serves; 1\.0 may still be registered: "
+                     r"DELETE /models/sentiment/1\.0 with a new key"),
+        (DROP, r"Connection aborted.*: sentiment 2\.0 serves; whether 1\.0 is still registered, GET "
+               r"/models/sentiment/all shows"),
+        ((500, b'{"message": "busy"}'), r"sentiment 2\.0 serves, but unregistering 1\.0 failed \(HTTP 500: busy\): "
+                                       r"DELETE /models/sentiment/1\.0 once it is idle"),
+    ],
+    ids=["key-refused", "no-answer", "http-500"],
+)  # fmt: skip
+def test_once_the_new_version_serves_a_failed_retirement_of_the_old_still_leaves_the_new_for_a_restart(
+    fake, tmp_path, fault, said
+):
+    """After the switch every request goes to 2.0: a restart must register 2.0 too, whatever became of 1.0."""
+    fake.faults["unregister"] = fault
+    kept = r"; .*sentiment\.mar is now 2\.0's archive, what a restart registers$"
+    with pytest.raises(UpdateFailed, match=said + kept):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert fake.default == "2.0" and restart_archive_version(fake) == "2.0"
+
+
+def test_the_old_version_is_unregistered_only_once_its_queue_is_empty(fake, tmp_path):
+    fake.queued["1.0"] = 3  # one fewer at each description: the fourth shows it empty
+    update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    described = [index for index, call in enumerate(fake.calls) if call == ("GET", f"/models/{MODEL}/1.0")]
+    assert len(described) == 4 and fake.calls.index(("DELETE", f"/models/{MODEL}/1.0")) > described[-1], fake.calls
+
+
+def test_a_queue_still_full_at_the_deadline_stops_the_update_with_the_new_version_serving(fake, tmp_path):
+    fake.queued["1.0"], fake.draining = 5, False
+    expected = (
+        r"sentiment 1\.0 still had queued requests at the deadline; the new version serves, and 1\.0 stays "
+        r"registered: DELETE /models/sentiment/1\.0 later; .*sentiment\.mar is now 2\.0's archive"
+    )
+    with pytest.raises(UpdateFailed, match=expected):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)), load_timeout_s=1.0)
+    assert fake.default == "2.0" and "1.0" in fake.versions and restart_archive_version(fake) == "2.0"
+
+
+def test_a_restart_archive_that_cannot_be_replaced_is_said_once_the_new_version_serves(fake, tmp_path):
+    """A folder where sentiment.mar should be: the rename over it fails, and a restart would still find 1.0's."""
+    (fake.store / f"{MODEL}.mar").unlink()
+    (fake.store / f"{MODEL}.mar").mkdir()
+    (fake.store / f"{MODEL}.mar" / "kept").write_text("in the way")
+    expected = (
+        r"sentiment 2\.0 serves and 1\.0 is unregistered, but putting sentiment-2\.0\.mar at .*sentiment\.mar failed "
+        r"\(.*\): a restart would register 1\.0 again; copy sentiment-2\.0\.mar over it$"
+    )
+    with pytest.raises(UpdateFailed, match=expected):
+        update_to_2(fake, running(fake, key_file(tmp_path, 3600)))
+    assert fake.versions == {"2.0": f"{MODEL}-2.0.mar"}
+    assert sorted(path.name for path in fake.store.iterdir()) == [f"{MODEL}-2.0.mar", f"{MODEL}.mar"]
+
+
 # ---- archive_model and a registered archive ----------------------------------------------------------------------
 
 
-def server_config(fake: FakeTorchServe, tmp_path: Path) -> list[str]:
+def server_files(fake: FakeTorchServe, tmp_path: Path) -> tuple[Path, Path]:
+    """config.properties and key_file.json of the stand-in, as a server started in `tmp_path` has them."""
     config = tmp_path / "config.properties"
     config.write_text(f"inference_address={fake.url}\nmanagement_address={fake.url}\nmodel_store={fake.store}\n")
-    return ["--server-config", str(config), "--key-file", str(key_file(tmp_path, 3600))]
+    return config, key_file(tmp_path, 3600)
+
+
+def server_config(fake: FakeTorchServe, tmp_path: Path) -> list[str]:
+    config, keys = server_files(fake, tmp_path)
+    return ["--server-config", str(config), "--key-file", str(keys)]
 
 
 def test_archive_model_refuses_a_new_version_over_a_registered_archive(fake, tmp_path, capsys):
@@ -312,3 +509,42 @@ def test_archive_model_asks_nothing_of_a_server_that_is_not_running(fake, tmp_pa
     assert archive_model.main([*argv, *flags]) == 2
     said = capsys.readouterr().err
     assert "no config.json" in said and "WARNING" not in said, said
+
+
+def test_archive_model_says_a_refused_key_when_it_cannot_ask_the_server(fake, tmp_path, capsys):
+    """Only warned (the server cannot say what it loaded), but with the cause an operator can act on."""
+    fake.faults["list"] = REFUSE_KEY
+    argv = [str(tmp_path / "checkpoint"), "--name", MODEL, "--version", "2.0", "--export-path", str(fake.store)]
+    assert archive_model.main([*argv, *server_config(fake, tmp_path)]) == 2
+    said = capsys.readouterr().err
+    assert "WARNING: could not ask the running server what it loaded from" in said, said
+    assert "the server refused the management key" in said and "scripts.rotate_keys issues new ones" in said, said
+
+
+# ---- scripts/update_model, the command line ------------------------------------------------------------------------
+
+
+def update_command(fake: FakeTorchServe, tmp_path: Path, archive: Path) -> list[str]:
+    config, keys = server_files(fake, tmp_path)
+    return [str(archive), "--config", str(config), "--key-file", str(keys), "--log", str(tmp_path / "model_log.log")]
+
+
+def test_update_model_refuses_a_file_that_is_not_an_archive_in_one_line(fake, tmp_path, capsys):
+    (fake.store / f"{MODEL}-2.0.mar").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit) as stopped:
+        update_model_command.main(update_command(fake, tmp_path, fake.store / f"{MODEL}-2.0.mar"))
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "not a TorchServe model archive" in said and "Traceback" not in said, said
+    assert fake.calls == []
+
+
+def test_update_model_says_where_to_look_when_the_server_does_not_answer(fake, tmp_path, capsys):
+    """The server stopped (or never ran at that address): one line naming what shows the state, no traceback."""
+    archive = write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0")
+    command = update_command(fake, tmp_path, archive)
+    fake.shutdown()
+    fake.server_close()
+    assert update_model_command.main(command) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("update_model: ") and "Traceback" not in said, said
+    assert said.rstrip().endswith("; GET /models/sentiment/all shows where the update stopped"), said

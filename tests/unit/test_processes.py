@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tooling.processes import process_record, same_process, stop_recorded
+from tooling.fleet_config import FleetError
+from tooling.processes import java_frontend, process_record, same_process, stop_recorded
 
 
 @pytest.fixture
@@ -44,3 +45,25 @@ def test_stopping_a_record_whose_pid_was_reused_leaves_the_new_owner_alone(sleep
 def test_the_recorded_group_is_stopped(sleeper):
     stop_recorded(process_record(sleeper.pid), group=True, timeout=5)
     assert sleeper.wait(timeout=5) is not None
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_timeout():
+    """A frontend stuck in its shutdown hooks must not outlive `down`. A lone process, not a group: the group's final
+    SIGKILL would end it whatever came before."""
+    program = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "ready\n"  # SIGTERM ignored from here
+        stop_recorded(process_record(process.pid), group=False, timeout=1)
+        assert process.wait(timeout=5) == -9
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+
+
+def test_a_torchserve_without_a_java_frontend_is_named_after_the_wait(sleeper):
+    with pytest.raises(FleetError, match=f"^no Java frontend under torchserve pid {sleeper.pid} after 0.5s$"):
+        java_frontend(sleeper.pid, timeout=0.5)

@@ -246,3 +246,67 @@ def test_a_rotation_the_server_refuses_is_said_and_fails_the_command(tmp_path, c
     said = capsys.readouterr()
     assert "the inference key was not rotated (HTTP 400: " in said.err and "InvalidKeyException" in said.err
     assert "rotated;" not in said.out
+
+
+def test_a_command_pointed_at_a_config_that_is_not_there_says_how_to_start_the_server(tmp_path, capsys):
+    from scripts import rotate_keys
+
+    absent = tmp_path / "config.properties"
+    with pytest.raises(SystemExit) as stopped:
+        rotate_keys.main(["--config", str(absent), "--key-file", str(tmp_path / "key_file.json")])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2, said
+    assert f"error: {absent} is not there: start the server with scripts/serve.sh, or name its config" in said, said
+
+
+def test_a_command_for_a_server_without_its_key_file_stops_in_one_line(tmp_path, capsys):
+    """The server is not running (it writes key_file.json where it starts), or was started elsewhere."""
+    from scripts import rotate_keys
+
+    config, key_file = write_server(tmp_path, {}, None)
+    with pytest.raises(SystemExit) as stopped:
+        rotate_keys.main(["--config", str(config), "--key-file", str(key_file)])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2, said
+    assert f"error: no key file {key_file}: is the server running" in said and "Traceback" not in said, said
+
+
+def test_rotate_keys_on_a_server_without_token_authorization_fails_and_asks_nothing(tmp_path, capsys):
+    """From cron against a server whose config turns authorization off: said, and no POST /token sent."""
+    from http.server import BaseHTTPRequestHandler
+
+    from scripts import rotate_keys
+    from tests.support import serving_http
+
+    asked = []
+
+    class Recording(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving_http(Recording) as url:
+        config, key_file = write_server(
+            tmp_path, {"management_address": url, "disable_token_authorization": "true"}, None
+        )
+        assert rotate_keys.main(["--config", str(config), "--key-file", str(key_file)]) == 1
+    said = capsys.readouterr().err
+    assert "the server's configuration turns token authorization off: it has no keys" in said, said
+    assert asked == []
+
+
+def test_rotate_keys_fails_in_one_line_when_the_server_does_not_answer(tmp_path, capsys):
+    """Stopped, or not yet up: cron's mail says so in one line, and the command fails."""
+    from scripts import rotate_keys
+    from tooling.torchserve import free_port
+
+    config, key_file = write_server(tmp_path, {"management_address": f"http://127.0.0.1:{free_port()}"}, keys("old"))
+    assert rotate_keys.main(["--config", str(config), "--key-file", str(key_file)]) == 1
+    said = capsys.readouterr()
+    assert said.err.startswith("rotate_keys: ") and "Connection refused" in said.err, said.err
+    assert "Traceback" not in said.err and "rotated;" not in said.out

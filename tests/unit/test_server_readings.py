@@ -38,3 +38,12 @@ def test_a_load_failure_is_read_after_the_log_rolled_over(tmp_path):
     assert read() is None
     log.write_text("2026-11-29 [INFO ] W-9000 MODEL_LOG - handlers.loading.ModelLoadFailed: boom\n")
     assert read() == "handlers.loading.ModelLoadFailed: boom"
+
+
+def test_a_log_not_written_yet_gives_no_cause_until_it_is(tmp_path):
+    """`--log` may name a file the server has not written (yet): no cause then, and the first lines once it is."""
+    log = tmp_path / "model_log.log"
+    read = new_load_failure(log)
+    assert read() is None
+    log.write_text("2026-11-29 [INFO ] W-9000 MODEL_LOG - handlers.loading.ModelLoadFailed: boom\n")
+    assert read() == "handlers.loading.ModelLoadFailed: boom"
