@@ -161,6 +161,22 @@ def logs_caught_up(server, model: str, timeout: float = 30.0) -> None:
     )
 
 
+def require_system_packages() -> None:
+    """Skip a test that needs HAProxy and Prometheus where they are not installed; under CI=true fail it instead, so
+    that a CI machine without them cannot pass the fleet's tests by skipping them."""
+    from tooling.fleet import missing_system_commands
+
+    missing = missing_system_commands()
+    if missing:
+        message = (
+            f"the fleet needs {' and '.join(missing)}: run scripts/install_system_packages.sh as root "
+            "(or apt-get install -y --no-install-recommends haproxy prometheus)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 def unseen_reviews() -> list[tuple[str, str]]:
     """(label, text) pairs written for the tests; none of them is in data/."""
     with (DATA / "unseen_reviews.tsv").open(encoding="utf-8") as f:

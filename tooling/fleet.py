@@ -469,7 +469,8 @@ class Fleet:
                 latency_budget_ms=self.spec.latency_budget_ms,
             )
         )
-        check = subprocess.run(["haproxy", "-c", "-q", "-f", str(config)], capture_output=True, text=True)
+        # Not -q: quiet, HAProxy 2.6 prints nothing on a file it rejects, and its ALERT lines name the line and why.
+        check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True)
         if check.returncode != 0:
             raise FleetError(f"haproxy rejects {config}:\n{check.stdout}{check.stderr}")
         self.socket_path.unlink(missing_ok=True)

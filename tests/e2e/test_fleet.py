@@ -23,8 +23,8 @@ import psutil
 import pytest
 import requests
 
-from tests.support import expected_alone, listening, wait_until
-from tooling.fleet import SURGE, Fleet, missing_system_commands, read_state
+from tests.support import expected_alone, listening, require_system_packages, wait_until
+from tooling.fleet import SURGE, Fleet, read_state
 from tooling.fleet_config import FleetSpec
 from tooling.fleet_roll import in_flight, roll
 from tooling.paths import REPO
@@ -47,18 +47,6 @@ TEXTS = [
     for i in range(40)
 ]
 INVALID_EVERY = 10  # every tenth request is empty: answered 400, and feeds the rejected-items rule
-
-
-def require_system_packages() -> None:
-    missing = missing_system_commands()
-    if missing:
-        message = (
-            f"the fleet needs {' and '.join(missing)}: run scripts/install_system_packages.sh as root "
-            "(or apt-get install -y --no-install-recommends haproxy prometheus)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 # ---- the fleet ------------------------------------------------------------------------------------------

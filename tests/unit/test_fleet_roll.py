@@ -3,7 +3,8 @@
 The roll itself, through real TorchServe replicas, HAProxy and Prometheus, is in tests/e2e/test_fleet.py;
 here are the refusals and the selection, on a fleet object with no process (HAProxy's view given), the
 order of a roll back across replicas, on a fleet whose restarts and HAProxy are stand-ins (its probe a
-real HTTP server), and the helpers on real processes and files.
+real HTTP server), and the helpers on real processes and files. Last, what `up` refuses and what a failed one leaves,
+and the command line against a real HAProxy in front of a loopback server standing for a replica (no TorchServe).
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import psutil
 import pytest
 
 from tests.deploy.manifests import fake_archive
-from tests.support import serving_http
+from tests.support import require_system_packages, serving_http, wait_until
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
@@ -498,3 +501,339 @@ def test_down_kills_a_roll_that_does_not_stop_when_asked(tmp_path):
     finally:
         rolling.kill()
         rolling.wait()
+
+
+# ---- the roll's own refusals and roll backs ---------------------------------------------------------------------
+
+
+def answering(post_status: int = 200, workers: list[dict] | None = None) -> type[http.server.BaseHTTPRequestHandler]:
+    """A replica as the roll reaches it: every probe (POST) answered `post_status`; GET /models/NAME answered with
+    `workers` as the management API describes them (None: 404, a replica that cannot say)."""
+
+    class Replica(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(post_status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            body = json.dumps([{"workers": workers}]).encode() if workers is not None else b""
+            self.send_response(200 if workers is not None else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Replica
+
+
+def test_a_roll_of_a_fleet_gone_down_since_it_was_read_is_refused(fleet):
+    fleet.dir.mkdir(parents=True)  # the fleet's directory is left, its records are not (`down` ran meanwhile)
+    with pytest.raises(FleetError, match="the fleet is no longer up"):
+        check_current(fleet)
+
+
+def test_a_file_in_the_store_that_is_not_an_archive_is_refused_as_a_fleet_error(fleet):
+    """The command line reports a FleetError in one line; anything else would be a traceback."""
+    (fleet.spec.model_store / "notes.mar").write_text("not a zip")
+    with pytest.raises(FleetError, match=r"notes\.mar"):
+        replicas_to_move(fleet, "notes.mar")
+
+
+@pytest.mark.parametrize(
+    "workers, restarted_back",
+    [
+        # r1 answers READY on old.mar still: it is only put back in rotation, not restarted.
+        ([{"status": "READY"}], [("r0", "old.mar")]),
+        # r1 cannot say it is ready (404): it is restarted on old.mar, as after a failed restart.
+        (None, [("r1", "old.mar"), ("r0", "old.mar")]),
+    ],
+)
+def test_an_archive_changed_during_the_roll_stops_it_before_the_next_replica_and_rolls_back(
+    fleet, workers, restarted_back
+):
+    """new.mar rebuilt in place while r0 moved onto it: r1 is refused before it is drained, r0 goes back."""
+    with serving_http(answering(workers=workers)) as url:
+
+        def rebuilt(name: str, archive: str) -> None:
+            if (name, archive) == ("r0", "new.mar"):
+                os.utime(fleet.spec.model_store / "new.mar", ns=(1, 1))
+
+        stand_in = StandInFleet(fleet, url, on_restart=rebuilt)
+        with pytest.raises(FleetError, match=r"stopped at r1: new\.mar changed during the roll, before r1's turn"):
+            roll(stand_in, "new.mar", b"probe", say=print, surge=False)
+    assert stand_in.restarts == [("r0", "new.mar"), *restarted_back]
+    assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2
+    assert stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
+def test_an_archive_changed_while_a_replica_drained_is_rolled_back_as_another_file_than_the_others(fleet, probe_url):
+    stand_in = StandInFleet(fleet, probe_url)
+    set_state = stand_in.set_server_state
+
+    def rebuilt_during_drain(name: str, state: str) -> None:
+        set_state(name, state)
+        if (name, state) == ("r0", "drain") and stand_in.replicas[0].archive == "old.mar":
+            os.utime(fleet.spec.model_store / "new.mar", ns=(1, 1))  # after the roll's check, before r0 loads it
+
+    stand_in.set_server_state = rebuilt_during_drain
+    with pytest.raises(FleetError, match=r"stopped at r0: new\.mar changed during the roll: r0 loaded another file"):
+        roll(stand_in, "new.mar", b"probe", say=print, surge=False)
+    assert stand_in.restarts == [("r0", "new.mar"), ("r0", "old.mar")]
+    assert [r.archive for r in stand_in.replicas] == ["old.mar"] * 2 and stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
+def test_a_replica_that_fails_the_probe_and_then_the_roll_back_too_is_named_with_what_to_do(fleet):
+    """Every probe answered 500: r0 fails on new.mar, and again back on old.mar; it is left out of rotation."""
+    with serving_http(answering(post_status=500)) as url:
+        stand_in = StandInFleet(fleet, url)
+        with pytest.raises(FleetError) as refused:
+            roll(stand_in, "new.mar", b"probe", say=print, surge=False)
+    said = str(refused.value)
+    assert "the roll failed, and r0 could not go back to old.mar either" in said, said
+    assert "r0 answered the probe with HTTP 500" in said and "`down`, then `up`" in said, said
+    assert stand_in.restarts == [("r0", "new.mar"), ("r0", "old.mar")], "r1 was touched"
+    assert stand_in.states == {"r0": "DRAIN", "r1": "UP"}
+
+
+def _lock_held_unrecorded(fleet_dir) -> subprocess.Popen:
+    """A process that holds the roll lock without naming itself in it (as a child that inherited a roll's lock
+    would); it says `held` once it does."""
+    code = (
+        "import fcntl, sys, time\n"
+        "lock = open(sys.argv[1], 'a+')\n"
+        "fcntl.flock(lock, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    holding = subprocess.Popen(
+        [sys.executable, "-c", code, str(fleet_dir / "roll.lock")], stdout=subprocess.PIPE, text=True
+    )
+    assert holding.stdout.readline().strip() == "held"
+    return holding
+
+
+def test_down_gives_up_on_a_roll_lock_it_cannot_free_and_stops_nothing(tmp_path):
+    from tooling.fleet_roll import roll_stopped
+
+    holding = _lock_held_unrecorded(tmp_path)
+    try:
+        with pytest.raises(FleetError, match=r"did not stop within 1s: nothing stopped"), roll_stopped(tmp_path, 1):
+            pytest.fail("down went on while the lock was held")
+        assert holding.poll() is None, "a process the lock does not name was signalled"
+    finally:
+        holding.kill()
+        holding.wait()
+
+
+def test_a_roll_cannot_stop_itself_as_down_would(tmp_path):
+    from tooling.fleet_roll import roll_stopped
+
+    refused = pytest.raises(FleetError, match="this process holds the roll lock")
+    with only_roll(tmp_path), refused, roll_stopped(tmp_path, 5):
+        pass
+
+
+# ---- the fleet's start, its command line and HAProxy, without TorchServe ------------------------------------------
+
+needs_system_packages = pytest.mark.usefixtures("system_packages")
+
+
+@pytest.fixture
+def system_packages() -> None:
+    require_system_packages()
+
+
+def fleet_command(root, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _answers(check: Callable[[], bool]) -> bool:
+    try:
+        return check()
+    except OSError:  # HAProxy's socket not there yet
+        return False
+
+
+@pytest.fixture
+def fronted(fleet, system_packages):
+    """`fleet` with one replica, r0, on old.mar, whose addresses are a loopback server answering as a READY replica,
+    behind a real HAProxy started as `up` starts it; its state files written as `up` writes them."""
+    fleet.replicas = fleet.replicas[:1]
+    del fleet.servers  # HAProxy's own view from now on
+    with serving_http(answering(workers=[{"status": "READY"}])) as url:
+        fleet.replicas[0].addresses = {f"{api}_address": url for api in ("inference", "management", "metrics")}
+        fleet.dir.mkdir(parents=True)
+        try:
+            fleet._start_haproxy()
+            wait_until(lambda: _answers(fleet.all_servers_up), 30, "HAProxy to have r0 UP")
+            yield fleet
+        finally:
+            fleet.down()  # HAProxy, by its pid
+
+
+def test_up_refuses_to_start_without_haproxy_and_prometheus_and_writes_nothing(fleet, monkeypatch, tmp_path):
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(FleetError, match=r"missing haproxy, prometheus: install them with scripts/install_system"):
+        fleet.up()
+    assert not fleet.root.exists()
+
+
+@needs_system_packages
+def test_up_refuses_a_second_fleet_on_the_same_root_and_an_archive_the_store_has_not(tmp_path):
+    """`--archive` a file name: looked for in --model-store, and the refusal names that path."""
+    store = tmp_path / "store"
+    store.mkdir()
+    up = ("up", "--model-store", str(store), "--archive", "absent.mar", "--alert-for", "BertReplicaDown=5s")
+    refused = fleet_command(tmp_path / "root", *up)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"fleet: no archive {store.resolve() / 'absent.mar'} (scripts/setup.sh builds" in refused.stderr, refused
+    assert not (tmp_path / "root" / "fleet.json").exists()
+    (tmp_path / "root").mkdir()
+    write_atomically(tmp_path / "root" / "fleet.json", {})
+    refused = fleet_command(tmp_path / "root", *up)
+    assert refused.returncode == 1 and "fleet.json exists: a fleet is already up" in refused.stderr, refused
+
+
+@needs_system_packages
+def test_an_up_that_fails_leaves_no_state_behind_so_the_next_up_is_not_refused(fleet):
+    """The replica does not answer within the second allowed: what was started is stopped, the records removed."""
+    fleet.spec = FleetSpec(replicas=1, model_store=fleet.spec.model_store, archive="old.mar", pin_cores=False)
+    fleet.replicas = []
+    with pytest.raises(TimeoutError):
+        fleet.up(timeout=1)
+    try:
+        assert not fleet.state_file.exists() and not fleet.processes_file.exists()
+        assert not fleet.layout_file.exists()
+    finally:
+        from tooling.fleet import stop_fleet
+
+        stop_fleet(fleet.root)  # what the records name, had up() left it
+
+
+def test_a_fleet_spec_job_queue_size_is_every_replicas_queue(tmp_path):
+    fleet = Fleet(FleetSpec(job_queue_size=7), root=tmp_path)
+    assert fleet._base_properties("bert.mar")["job_queue_size"] == "7"
+
+
+@needs_system_packages
+def test_a_configuration_haproxy_rejects_fails_the_start_and_runs_no_haproxy(fronted):
+    fronted.down()
+    started = fronted.records["haproxy"]
+    fronted.spec = FleetSpec(model_store=fronted.spec.model_store, archive="old.mar", model_name="two words")
+    with pytest.raises(FleetError, match="haproxy rejects") as rejected:
+        fronted._start_haproxy()
+    assert "[ALERT]" in str(rejected.value) and "haproxy.cfg:" in str(rejected.value), "without HAProxy's reason"
+    assert fronted.haproxy is None and fronted.records["haproxy"] == started, "a second HAProxy was started"
+
+
+@needs_system_packages
+def test_drain_and_ready_on_the_command_line_and_a_replica_haproxy_does_not_know_refused(fronted):
+    drained = fleet_command(fronted.root, "drain", "r0")
+    assert drained.returncode == 0 and drained.stdout.strip() == "==> r0: drain", drained
+    assert fronted.servers()["r0"]["status"].startswith("DRAIN")
+    ready = fleet_command(fronted.root, "ready", "r0")
+    assert ready.returncode == 0 and ready.stdout.strip() == "==> r0: ready", ready
+    assert not fronted.servers()["r0"]["status"].startswith("DRAIN")
+    unknown = fleet_command(fronted.root, "drain", "r9")
+    assert unknown.returncode == 1 and "No such server" in unknown.stdout, unknown
+    with pytest.raises(FleetError, match="haproxy refused to set r9 drain: No such server"):
+        fronted.set_server_state("r9", "drain")
+
+
+@needs_system_packages
+def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the_store_is_refused(fronted, tmp_path):
+    outside = fake_archive(tmp_path / "elsewhere.mar")
+    refused = fleet_command(fronted.root, "roll", str(outside))
+    assert refused.returncode == 1, refused
+    assert f"elsewhere.mar is not in the fleet's model store {fronted.spec.model_store}" in refused.stderr, refused
+    done = fleet_command(fronted.root, "roll", "old.mar")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "==> every replica already serves old.mar" in done.stdout, done.stdout
+    assert "Every replica serves old.mar (each out of rotation at most 0.0 s)" in done.stdout, done.stdout
+
+
+def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_1(tmp_path):
+    nothing = fleet_command(tmp_path, "status")
+    assert nothing.returncode == 1 and nothing.stdout.strip() == "no fleet is up", nothing
+    nothing = fleet_command(tmp_path, "roll", "new.mar")
+    assert nothing.returncode == 1 and f"fleet: no fleet is up under {tmp_path}" in nothing.stderr, nothing
+    write_atomically(tmp_path / "fleet.json", {"haproxy_socket": str(tmp_path / "gone.sock")})
+    gone = fleet_command(tmp_path, "status")
+    assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
+    assert "Traceback" not in gone.stderr, gone.stderr
+
+
+def test_down_clears_a_fleet_json_whose_processes_are_not_recorded_so_up_is_not_refused(tmp_path):
+    """What an `up` killed before it recorded a process leaves."""
+    write_atomically(tmp_path / "fleet.json", {"front": "http://127.0.0.1:1"})
+    stopped = fleet_command(tmp_path, "down")
+    assert stopped.returncode == 0 and "stopped nothing (no fleet was running)" in stopped.stdout, stopped
+    assert not (tmp_path / "fleet.json").exists()
+
+
+def test_a_surge_stop_does_not_wait_on_a_prometheus_it_cannot_ask(fleet):
+    """Prometheus gone (nothing on its port): the surge is stopped at once, not after the 15 s wait to be unscraped."""
+    from tooling.torchserve import free_port
+
+    fleet.prometheus_port, fleet.replicas = free_port(), []
+    addresses = {f"{api}_address": "http://127.0.0.1:1" for api in ("inference", "management", "metrics")}
+    fleet.surge = Replica(SURGE, fleet.root / SURGE, addresses, None, "new.mar")
+    fleet.surge.java_pid = 1  # it answered: Prometheus scraped it
+    started = time.monotonic()
+    fleet.stop_surge()
+    assert time.monotonic() - started < 5
+    assert json.loads(fleet.surge_targets_file.read_text()) == []
+
+
+def test_a_prometheus_answer_that_is_not_a_success_is_a_fleet_error(fleet):
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "error", "error": "bad query"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving_http(Failing) as url:
+        fleet.prometheus_port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(FleetError, match=r"prometheus query: .*bad query"):
+            fleet.query("up")
+
+
+def test_a_second_ctrl_c_aborts_a_roll_and_the_command_line_exits_130_without_a_traceback(tmp_path):
+    """The first Ctrl-C asks the roll to finish the replica in hand, the second aborts it (KeyboardInterrupt); the
+    command line, interrupted, exits 130 quietly (here `down`, waiting on a roll lock it cannot free)."""
+    rolling = _stand_in_roll(tmp_path, "from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())")
+    try:
+        rolling.send_signal(signal.SIGINT)
+        assert "finishing the replica in hand" in rolling.stdout.readline()
+        rolling.send_signal(signal.SIGINT)
+        assert rolling.wait(timeout=10) == -signal.SIGINT  # died of an uncaught KeyboardInterrupt
+    finally:
+        rolling.kill()
+        rolling.wait()
+
+    (tmp_path / "fleet").mkdir()
+    holding = _lock_held_unrecorded(tmp_path / "fleet")
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(tmp_path), "down"]
+    down = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = str(tmp_path / "fleet" / "roll.lock")
+        wait_until(lambda: any(f.path == lock for f in psutil.Process(down.pid).open_files()), 30, "down at the lock")
+        down.send_signal(signal.SIGINT)
+        out, err = down.communicate(timeout=10)
+        assert down.returncode == 130 and "Traceback" not in err, (out, err)
+    finally:
+        down.kill()
+        down.wait()
+        holding.kill()
+        holding.wait()
