@@ -5,12 +5,14 @@ call a truncated model_store/bert.mar, newer than its sources, up to date)."""
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import subprocess
 import zipfile
 
 import pytest
 
+from tests.support import serving_http
 from tooling import archiving
 from tooling.model_archive import archive_name, archive_response_timeout, archive_version
 
@@ -108,3 +110,80 @@ def test_an_archive_without_a_config_takes_the_callers_response_timeout(tmp_path
     with zipfile.ZipFile(archive, "w") as mar:
         mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "tiny", "handler": "h.py"}}))
     assert archive_response_timeout(archive, default=30) == 30
+
+
+# ---- archive_model's refusals before anything is archived --------------------------------------------------------
+
+
+def test_a_folder_without_weights_is_no_checkpoint_and_options_of_another_backend_are_refused(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(archiving.NotACheckpoint, match="no weights"):
+        archiving.build_archive(tmp_path, export_path=tmp_path / "store")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        archiving.build_archive(tmp_path, export_path=tmp_path / "store", backend="tensorrt")
+    with pytest.raises(ValueError, match="apply to the onnx backend only"):
+        archiving.build_archive(tmp_path, export_path=tmp_path / "store", quantize="int8")
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (["--quantize", "int8"], "--quantize, --min-agreement and --eval-tsv need --backend onnx"),
+        (["--backend", "onnx", "--min-agreement", "0.9"], "--min-agreement applies to --quantize int8"),
+    ],
+)
+def test_archive_model_refuses_onnx_options_that_would_not_apply(tmp_path, capsys, flags, refusal):
+    from scripts import archive_model
+
+    with pytest.raises(SystemExit) as exited:
+        archive_model.main([str(tmp_path / "checkpoint"), "--export-path", str(tmp_path), *flags])
+    assert exited.value.code == 2 and refusal in capsys.readouterr().err
+
+
+def test_archive_model_refuses_a_handler_option_the_handler_would_refuse_before_archiving(tmp_path, capsys):
+    from scripts import archive_model
+
+    store = tmp_path / "store"
+    argv = [str(tmp_path / "checkpoint"), "--export-path", str(store), "--handler-option", "no_such_option=1"]
+    assert archive_model.main(argv) == 2
+    said = capsys.readouterr().err
+    assert "no_such_option" in said and "no config.json" not in said, said
+    assert not store.exists() or not list(store.iterdir())
+
+
+def test_archive_model_asks_nothing_of_a_server_without_a_key_file_or_with_another_store(tmp_path, capsys):
+    """No key file: that server is not running. Another store: the archive is none of its. Either way the
+    archive is written (here the missing checkpoint stops it next), with no warning and no request sent."""
+    from scripts import archive_model
+
+    asked: list[str] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "bert.mar").write_bytes(OLD)
+    config = tmp_path / "config.properties"
+    argv = [str(tmp_path / "checkpoint"), "--export-path", str(store), "--server-config", str(config)]
+    with serving_http(Refusing) as url:
+        config.write_text(f"inference_address={url}\nmanagement_address={url}\nmodel_store={store}\n")
+        assert archive_model.main([*argv, "--key-file", str(tmp_path / "key_file.json")]) == 2
+        said = capsys.readouterr().err
+        assert "no config.json" in said and "WARNING" not in said, said
+        config.write_text(
+            f"inference_address={url}\nmanagement_address={url}\nmodel_store={tmp_path / 'other'}\n"
+            "disable_token_authorization=true\n"
+        )
+        assert archive_model.main([*argv, "--key-file", str(tmp_path / "key_file.json")]) == 2
+        said = capsys.readouterr().err
+        assert "no config.json" in said and "WARNING" not in said, said
+    assert asked == []

@@ -16,6 +16,7 @@ import yaml
 
 from tooling.fleet_config import (
     RECORDING_RULES,
+    FleetError,
     alerting_rules,
     core_shares,
     haproxy_config,
@@ -81,3 +82,9 @@ def test_promtool_accepts_the_rendered_prometheus_configuration(tmp_path):
     ]
     shortened = {r["alert"]: r["for"] for g in yaml.safe_load(alerts.read_text())["groups"] for r in g["rules"]}
     assert shortened["BertReplicaDown"] == "5s"
+
+
+def test_an_alert_the_rules_do_not_have_is_refused_by_name():
+    """A misspelt --alert-for would otherwise leave the alert at its minute, silently."""
+    with pytest.raises(FleetError, match=r"no such alert in alerts\.yaml: \['BertReplicaGone'\]"):
+        alerting_rules({"BertReplicaDown": "5s", "BertReplicaGone": "5s"})

@@ -135,3 +135,10 @@ def test_the_pod_cpus_are_the_cpu_limit_of_every_cpu_pod_and_the_set_up_archives
         assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == str(kserve_layout.POD_CPUS), resources
     # So model_store/bert.mar, the archive the image bakes, gets one worker per CPU.
     assert "--backend onnx --handler-option cpu_threads=1" in (REPO / "scripts" / "setup.sh").read_text()
+
+
+def test_an_archive_with_more_threads_per_worker_than_the_pod_has_cpus_is_laid_out_with_a_warning(tmp_path, capsys):
+    archive = archive_with_handler_options(tmp_path / "bert.mar", {"cpu_threads": 4})
+    assert kserve_layout.main([str(archive), "--out", str(tmp_path / "layout"), "--pod-cpus", "2"]) == 0
+    warning = capsys.readouterr().err
+    assert "warning: the archive's cpu_threads (4) is more than the pod's 2 CPUs" in warning, warning

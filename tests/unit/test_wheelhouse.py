@@ -119,3 +119,29 @@ def test_what_the_host_has_at_the_locks_version_is_not_fetched(tmp_path, capsys)
     assert main([str(tmp_path / "wheels"), "--only", "six", "--host-freeze", str(freeze)]) == 0
     assert "0 wheels, 0.0 MiB, for 0 pins" in capsys.readouterr().out
     assert not list((tmp_path / "wheels").glob("*.whl"))
+
+
+def test_a_package_only_asks_for_that_the_extras_do_not_need_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--only", "six", "no-such-package"])
+    assert "not among the pins these extras need: no-such-package (see --extras)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "python_version, said",
+    [
+        # No index (offline here, as on a host without one): no wheel to download, and no source to build from.
+        ("3.12", ": no wheel for Python 3.12, and building one failed:\nERROR: Could not find a version"),
+        ("3.x", ": pip download failed:\n"),  # a failure other than a missing wheel: not built instead
+    ],
+    ids=["no-wheel-nor-source", "pip-refuses"],
+)
+def test_a_pin_pip_cannot_fetch_fails_the_wheelhouse_in_one_message(
+    tmp_path, capsys, monkeypatch, python_version, said
+):
+    from tests.support import pinned_versions
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert main([str(tmp_path), "--only", "six", "--python-version", python_version]) == 1
+    assert capsys.readouterr().err.startswith(f"wheelhouse: six=={pinned_versions(LOCK)['six']}{said}")
+    assert not list(tmp_path.glob("*.whl"))
