@@ -102,6 +102,23 @@ def refuse_unembeddable_vocabulary(vocabulary: int, embeddings: int, source: str
         )
 
 
+def refuse_a_tokenizer_without_a_vocabulary(vocabulary: int, config: Any, model_dir: Path) -> None:
+    """Refuse a tokenizer that knows less than half the ids the model embeds. A checkpoint saved without its
+    tokenizer files is the case: transformers (5.x) then builds, without a word, a tokenizer of its config's
+    family holding only the special tokens, which reads every word as [UNK], so every text of as many words
+    gets the same answer. No real checkpoint's tokenizer is that much smaller than its embedding table (they
+    are equal, or the table is padded by a few rows)."""
+    embeddings = getattr(config, "vocab_size", None)
+    if isinstance(embeddings, int) and vocabulary < embeddings / 2:
+        raise ModelLoadFailed(
+            f"{model_dir}: the tokenizer knows {vocabulary} token ids (len(tokenizer)) but the model embeds "
+            f"{embeddings} (config.json vocab_size): the checkpoint's tokenizer files are missing (tokenizer.json, "
+            "or vocab.txt / vocab.json and merges.txt / a sentencepiece .model, with tokenizer_config.json), so "
+            "every word would be read as unknown. Save the tokenizer the model was trained with beside it: "
+            "tokenizer.save_pretrained(folder)."
+        )
+
+
 def load_tokenizer(model_dir: Path, options: HandlerOptions) -> LoadedTokenizer:
     """The tokenizer and config of the checkpoint in `model_dir`, and the encoder at the option's token cap."""
     from transformers import AutoConfig, AutoTokenizer
@@ -110,6 +127,7 @@ def load_tokenizer(model_dir: Path, options: HandlerOptions) -> LoadedTokenizer:
     size_tokenizer_pool(threads)  # before anything is tokenized: the first batch call fixes the pool
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    refuse_a_tokenizer_without_a_vocabulary(len(tokenizer), config, model_dir)
     token_limit = model_token_limit(tokenizer, config)
     encoder = text_encoder(tokenizer, min(options.max_length, token_limit))
     return LoadedTokenizer(tokenizer, config, encoder, token_limit, threads)

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from handlers.loading import ModelLoadFailed, refuse_a_tokenizer_without_a_vocabulary
 from handlers.onnx_forward import ONNX_FILE
 from handlers.scores import score_function
 from tooling.onnx_export import DEFAULT_MIN_AGREEMENT, WEIGHT_FILES, export_checkpoint
@@ -67,12 +68,18 @@ def check_checkpoint(checkpoint: Path) -> None:
     """Fail early, before archiving, if the folder is not a loadable classifier checkpoint."""
     from transformers import AutoConfig, AutoTokenizer
 
+    if not checkpoint.is_dir():
+        raise NotACheckpoint(f"{checkpoint}: no such folder; expected a Hugging Face checkpoint folder")
     if not (checkpoint / "config.json").is_file():
         raise NotACheckpoint(f"{checkpoint}: no config.json; expected a Hugging Face checkpoint folder")
     if not any((checkpoint / name).is_file() for name in WEIGHT_FILES):
         raise NotACheckpoint(f"{checkpoint}: no weights ({', '.join(WEIGHT_FILES)})")
     config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-    AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    try:
+        refuse_a_tokenizer_without_a_vocabulary(len(tokenizer), config, checkpoint)
+    except ModelLoadFailed as refused:
+        raise NotACheckpoint(str(refused)) from None
     scores = score_function(getattr(config, "problem_type", None), config.num_labels)
     print(f"checkpoint: {config.model_type}, labels {config.id2label}, scores {scores} (handlers/scores.py)")
 

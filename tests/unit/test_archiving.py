@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import shutil
 import subprocess
 import zipfile
 
@@ -148,7 +149,7 @@ def test_archive_model_refuses_a_handler_option_the_handler_would_refuse_before_
     argv = [str(tmp_path / "checkpoint"), "--export-path", str(store), "--handler-option", "no_such_option=1"]
     assert archive_model.main(argv) == 2
     said = capsys.readouterr().err
-    assert "no_such_option" in said and "no config.json" not in said, said
+    assert "no_such_option" in said and "no such folder" not in said, said
     assert not store.exists() or not list(store.iterdir())
 
 
@@ -178,12 +179,48 @@ def test_archive_model_asks_nothing_of_a_server_without_a_key_file_or_with_anoth
         config.write_text(f"inference_address={url}\nmanagement_address={url}\nmodel_store={store}\n")
         assert archive_model.main([*argv, "--key-file", str(tmp_path / "key_file.json")]) == 2
         said = capsys.readouterr().err
-        assert "no config.json" in said and "WARNING" not in said, said
+        assert "no such folder" in said and "WARNING" not in said, said
         config.write_text(
             f"inference_address={url}\nmanagement_address={url}\nmodel_store={tmp_path / 'other'}\n"
             "disable_token_authorization=true\n"
         )
         assert archive_model.main([*argv, "--key-file", str(tmp_path / "key_file.json")]) == 2
         said = capsys.readouterr().err
-        assert "no config.json" in said and "WARNING" not in said, said
+        assert "no such folder" in said and "WARNING" not in said, said
     assert asked == []
+
+
+def test_a_checkpoint_saved_without_its_tokenizer_is_refused_by_the_archiver_and_the_loader(
+    tiny_checkpoint, tmp_path, capsys
+):
+    """Without tokenizer files transformers builds, without a word, a tokenizer of the config's family holding only
+    its special tokens: every word would be [UNK], and every text of as many words answered alike. Refused before
+    anything is archived, and by the loader every worker, export and benchmark goes through."""
+    from handlers.loading import ModelLoadFailed, load_model
+    from handlers.options import HandlerOptions
+    from scripts import archive_model
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(tiny_checkpoint / name, bare / name)
+    store = tmp_path / "store"
+    assert archive_model.main([str(bare), "--name", "bare", "--export-path", str(store)]) == 2
+    said = capsys.readouterr().err
+    assert "the tokenizer knows 5 token ids" in said and "model embeds 30522" in said, said
+    assert "tokenizer.save_pretrained(folder)" in said, said
+    assert not store.exists() or not list(store.iterdir())
+    with pytest.raises(ModelLoadFailed, match="the checkpoint's tokenizer files are missing"):
+        load_model(bare, HandlerOptions(), None)
+    # Its own tokenizer beside it, the same checkpoint loads.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(tiny_checkpoint / name, bare / name)
+    assert load_model(bare, HandlerOptions(), None).labels == ("negative", "positive")
+
+
+def test_a_checkpoint_path_that_is_not_there_is_named_so(tmp_path):
+    with pytest.raises(archiving.NotACheckpoint, match="absent: no such folder"):
+        archiving.check_checkpoint(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(archiving.NotACheckpoint, match=r"empty: no config\.json"):
+        archiving.check_checkpoint(tmp_path / "empty")

@@ -498,7 +498,7 @@ def test_archive_model_warns_of_the_same_version_over_a_registered_archive(fake,
     assert archive_model.main([*argv, *server_config(fake, tmp_path)]) == 2
     said = capsys.readouterr().err
     assert "WARNING" in said and "a restart registers this new archive, unchecked" in said, said
-    assert "no config.json" in said, said
+    assert "no such folder" in said, said
 
 
 def test_archive_model_asks_nothing_of_a_server_that_is_not_running(fake, tmp_path, capsys):
@@ -508,7 +508,7 @@ def test_archive_model_asks_nothing_of_a_server_that_is_not_running(fake, tmp_pa
     argv = [str(tmp_path / "checkpoint"), "--name", MODEL, "--version", "2.0", "--export-path", str(fake.store)]
     assert archive_model.main([*argv, *flags]) == 2
     said = capsys.readouterr().err
-    assert "no config.json" in said and "WARNING" not in said, said
+    assert "no such folder" in said and "WARNING" not in said, said
 
 
 def test_archive_model_says_a_refused_key_when_it_cannot_ask_the_server(fake, tmp_path, capsys):
