@@ -316,3 +316,28 @@ def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):
     assert run.returncode == 1, run
     assert "scripts/serve.sh needs curl" in run.stderr and "apt-get install -y curl" in run.stderr, run.stderr
     assert not mark.exists() and not (checkout / "logs").exists()
+
+
+def test_serve_sh_for_another_model_says_its_queue_follows_the_demos_rate_unless_told_its_own(served):
+    """MODEL_NAME without THROUGHPUT_RPS: the queue is sized from the demo archive's measured rate, which a slower model
+    of the user's would outrun: serve.sh says so and names the knob."""
+    assert f"is the demo archive's measured rate on this host, not {MODEL}'s" in served.output, served.output
+    assert "set THROUGHPUT_RPS" in served.output
+
+
+def test_serve_sh_for_an_archive_not_in_the_store_says_how_to_make_it_before_anything_runs(tmp_path):
+    """MODEL_NAME naming no archive of model_store/: said at once, with the command that makes it, before the set-up
+    (here a stand-in that leaves a mark) or a server start; the registration's 404 came minutes later."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "model_store").mkdir()
+    mark = tmp_path / "set-up-ran"
+    (checkout / "scripts" / "setup.sh").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(mark))}\n")
+    run = subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=checkout, env={**os.environ, "MODEL_NAME": "mine"},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1, run
+    assert "no model_store/mine.mar to serve" in run.stderr, run.stderr
+    assert "python -m scripts.archive_model CHECKPOINT --name mine" in run.stderr, run.stderr
+    assert not mark.exists() and not (checkout / "logs").exists()
