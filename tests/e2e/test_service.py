@@ -194,8 +194,12 @@ def test_calls_without_the_right_key_are_refused(torchserve, tiny_model):
         assert registering.status_code in (400, 401, 403) and "Token Authorization failed" in registering.text
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, torchserve.auth("management")):
         refused = requests.post(prediction, data=b"hello", headers=headers, timeout=10)
-        assert refused.status_code in (400, 401, 403)
+        # As docs/calling.md's error table says: TorchServe's 400, whichever key is missing or wrong.
+        assert (refused.status_code, refused.json()["type"]) == (400, "InvalidKeyException"), refused.text
     assert requests.get(management, headers=torchserve.auth("management"), timeout=10).status_code == 200
+    # With the right key, a model name the server does not serve: TorchServe's 404 (the table's row too).
+    absent = requests.post(prediction + "-absent", data=b"hello", headers=torchserve.auth("inference"), timeout=10)
+    assert (absent.status_code, absent.json()["type"]) == (404, "ModelNotFoundException"), absent.text
 
 
 def test_the_server_creates_its_key_file_and_logs_for_its_owner_alone(torchserve):
