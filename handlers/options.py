@@ -6,6 +6,7 @@ Unknown keys and wrong types fail the model load loudly rather than being ignore
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -89,7 +90,10 @@ class HandlerOptions:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(raw) - set(known))
         if unknown:
-            raise ValueError(f"unknown handler option(s): {', '.join(unknown)}")
+            # A misspelt option would otherwise be a lookup through the docs: the nearest known name, where one is.
+            hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, 1))
+                     else name for name in unknown]  # fmt: skip
+            raise ValueError(f"unknown handler option(s): {', '.join(hints)}")
         values: dict[str, Any] = {}
         for name, value in raw.items():
             default = getattr(cls, name)

@@ -44,6 +44,13 @@ def test_options_defaults_and_overrides():
     assert (options.max_length, options.overlength, options.fault_delay_s) == (64, "reject", 1.0)
 
 
+def test_a_misspelt_option_is_refused_with_the_name_it_is_nearest_to():
+    with pytest.raises(
+        ValueError, match=r"^unknown handler option\(s\): max_lenght \(did you mean max_length\?\), zzz$"
+    ):
+        HandlerOptions.from_mapping({"max_lenght": 128, "zzz": 1})
+
+
 @pytest.mark.parametrize(
     "raw",
     [
