@@ -8,6 +8,11 @@ from pathlib import Path
 
 import yaml
 
+from handlers.options import HandlerOptions
+
+# Where the archiver puts the checkpoint inside a .mar (tooling/archiving.stage, the handler's model_subdir).
+MODEL_SUBDIR = HandlerOptions().model_subdir
+
 
 class NotAnArchive(ValueError):
     """The file is not a TorchServe model archive (.mar) with a manifest."""
@@ -50,3 +55,20 @@ def archive_response_timeout(archive: Path, default: int) -> int:
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read(config_name)) or {}
     return int(config.get("responseTimeout", 120))
+
+
+def archive_answers(archive: Path) -> tuple[tuple[str, ...], str] | None:
+    """What a checkpoint archive answers with: its labels in class order and how its scores are read (softmax,
+    sigmoid or none: handlers/scores.py), from the config.json it carries; None for an archive without one."""
+    from handlers.loading import label_names
+    from handlers.scores import score_function
+
+    config_name = f"{MODEL_SUBDIR}/config.json"
+    try:
+        with zipfile.ZipFile(archive) as mar:
+            config = json.loads(mar.read(config_name))
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError):
+        return None
+    labels = config.get("id2label") or {}
+    count = config.get("num_labels") or len(labels) or 2  # transformers' PretrainedConfig default: two labels
+    return tuple(label_names(labels, count)), score_function(config.get("problem_type"), count)  # JSON's keys: str

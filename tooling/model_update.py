@@ -39,7 +39,7 @@ from pathlib import Path
 
 import requests
 
-from tooling.model_archive import NotAnArchive, archive_name
+from tooling.model_archive import NotAnArchive, archive_answers, archive_name
 from tooling.torchserve import RunningServer, key_expiry, key_refused
 
 PROBE_TIMEOUT_S = 60.0
@@ -66,6 +66,7 @@ class ServedVersion:
     workers: int
     response_timeout: int
     pending: int
+    url: str = ""  # the archive it was registered from (modelUrl: a file name of the store)
 
     @classmethod
     def from_description(cls, described: dict) -> ServedVersion:
@@ -76,6 +77,7 @@ class ServedVersion:
             workers=described["minWorkers"],
             response_timeout=described["responseTimeout"],
             pending=described["jobQueueStatus"]["pendingRequests"],
+            url=described.get("modelUrl", ""),
         )
 
     @property
@@ -265,6 +267,27 @@ def registered_from(server: RunningServer, file_name: str) -> list[tuple[str, st
     ]
 
 
+def answers_change(store: Path, old: ServedVersion, archive: str, version: str) -> str | None:
+    """A note when `archive` answers with other labels, or reads its scores otherwise, than the version serving:
+    not refused (a new label set may be the point of the update), but said, since every client reading a label name
+    or comparing scores sees the change the moment the new version serves. None when they agree, or either archive
+    carries no config.json to tell."""
+    before = archive_answers(store / old.url) if old.url else None
+    after = archive_answers(store / archive)
+    if before is None or after is None or before == after:
+        return None
+    (old_labels, old_scores), (new_labels, new_scores) = before, after
+    changes = []
+    if old_labels != new_labels:
+        changes.append(f"labels {', '.join(old_labels)} -> {', '.join(new_labels)}")
+    if old_scores != new_scores:
+        changes.append(f"scores {old_scores} -> {new_scores} (handlers/scores.py)")
+    return (
+        f"==> note: {version} answers otherwise than {old.version}: {'; '.join(changes)}. Clients reading label "
+        "names or comparing scores see it as soon as it serves"
+    )
+
+
 def update_model(
     server: RunningServer,
     model: str,
@@ -315,6 +338,9 @@ def update_model(
                 f"a file name of its own (python -m scripts.archive_model CHECKPOINT --name {model} --version "
                 f"{version} --file-name {model}-{version}.mar) and update with that; nothing was changed"
             )
+        change = answers_change(server.model_store, old, archive, version)
+        if change:
+            say(change)
         grace = old.longest_batch_s if grace_s is None else grace_s
         _check_keys_outlast(server, load_timeout_s, grace)
         _bring_up(management, server, old, archive, version, probe, load_timeout_s, say, explain_load_failure)

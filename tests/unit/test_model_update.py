@@ -31,10 +31,12 @@ MAX_BATCH_DELAY_MS, RESPONSE_TIMEOUT_S = 500, 120
 DROP, REFUSE_KEY = "drop", "refuse key"
 
 
-def write_archive(path: Path, name: str, version: str) -> Path:
-    """A .mar as far as the update reads one: its manifest."""
+def write_archive(path: Path, name: str, version: str, config: dict | None = None) -> Path:
+    """A .mar as far as the update reads one: its manifest, and the checkpoint's config.json where given."""
     with zipfile.ZipFile(path, "w") as mar:
         mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": name, "modelVersion": version}}))
+        if config is not None:
+            mar.writestr("model/config.json", json.dumps(config))
     return path
 
 
@@ -257,6 +259,38 @@ def test_a_successful_update_puts_the_new_archive_where_a_restart_finds_it(fake,
     assert said[-1].endswith(f"{fake.store / MODEL}.mar is now 2.0's archive, what a restart registers"), said
     # Only once the new version served and the old one was gone.
     assert changes(fake)[-1] == ("DELETE", f"/models/{MODEL}/1.0")
+
+
+SENTIMENT = {"id2label": {"0": "negative", "1": "positive"}}
+
+
+@pytest.mark.parametrize(
+    ("config", "note"),
+    [
+        (SENTIMENT, None),
+        (
+            {"id2label": {"0": "toxic", "1": "spam", "2": "offtopic"}, "problem_type": "multi_label_classification"},
+            "==> note: 2.0 answers otherwise than 1.0: labels negative, positive -> toxic, spam, offtopic; scores "
+            "softmax -> sigmoid (handlers/scores.py). Clients reading label names or comparing scores see it as soon "
+            "as it serves",
+        ),
+        ({"id2label": {"0": "negative", "1": "positive"}, "problem_type": "regression"}, "scores softmax -> none"),
+    ],
+    ids=["same-answers", "other-labels-and-scores", "other-scores"],
+)
+def test_an_update_to_a_model_that_answers_otherwise_says_so_and_goes_on(fake, tmp_path, config, note):
+    """A new label set may be the point of the update, so it is not refused; but every client reading label names
+    sees it the moment the new version serves, so the operator is told before."""
+    write_archive(fake.store / f"{MODEL}.mar", MODEL, "1.0", SENTIMENT)
+    new = write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0", config)
+    said: list[str] = []
+    update_model(running(fake, key_file(tmp_path, 3600)), MODEL, new.name, "2.0", PROBE, grace_s=0, say=said.append)
+    notes = [line for line in said if line.startswith("==> note:")]
+    assert fake.default == "2.0"
+    if note is None:
+        assert notes == [], said
+    else:
+        assert len(notes) == 1 and note in notes[0] and said[0] == notes[0], said  # before anything is registered
 
 
 def test_the_restart_archive_itself_is_refused_as_the_new_version(fake, tmp_path):
