@@ -49,8 +49,8 @@ from tooling.torchserve import SERVE_SH_CONFIG, SERVE_SH_KEY_FILE, RunningServer
 
 def served_from(target: Path, name: str, version: str, server_config: Path, key_file: Path) -> str | None:
     """Why `target` must not be written over (None: it may): it is in the running server's model store, and a
-    version other than `version` was registered from it, or is registered under the model whose restart archive
-    it is (NAME.mar). Warns on stderr when only `version` is."""
+    version other than `name` `version` (another version, or another model) was registered from it, or is
+    registered under the model whose restart archive it is (NAME.mar). Warns on stderr when only that one is."""
     if not target.is_file() or not server_config.is_file():
         return None
     try:
@@ -68,12 +68,13 @@ def served_from(target: Path, name: str, version: str, server_config: Path, key_
               file=sys.stderr)  # fmt: skip
         return None
     loaded = ", ".join(f"{model} {loaded_version}" for model, loaded_version in registered)
-    if any(loaded_version != version for _, loaded_version in registered):
+    if any((model, loaded_version) != (name, version) for model, loaded_version in registered):
+        # Another version, or another model: a restart would register what this writes in its place.
         return (
             f"{target} is the archive of {loaded} on the running server (registered from it, or what a restart "
-            f"registers): written over with {version}, a restart would serve {version} unchecked. Archive it under a "
-            f"file name of its own (--file-name {name}-{version}.mar) and serve it with python -m "
-            f"scripts.update_model, which puts it at {target.name} once it serves (docs/checkpoints.md)"
+            f"registers): written over with {name} {version}, a restart would serve {name} {version} in its place, "
+            f"unchecked. Archive it under a file name of its own (--file-name {name}-{version}.mar) and serve it with "
+            f"python -m scripts.update_model, which puts it at {target.name} once it serves (docs/checkpoints.md)"
         )
     if registered:
         print(

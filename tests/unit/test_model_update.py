@@ -515,6 +515,17 @@ def test_archive_model_refuses_a_new_version_over_a_registered_archive(fake, tmp
     assert (fake.store / f"{MODEL}.mar").read_bytes() == before
 
 
+def test_archive_model_refuses_another_model_over_a_registered_archive(fake, tmp_path, capsys):
+    """The same version under another name: a restart would register that other model in place of sentiment."""
+    before = (fake.store / f"{MODEL}.mar").read_bytes()
+    argv = [str(tmp_path / "checkpoint"), "--name", "other", "--file-name", f"{MODEL}.mar", "--version", "1.0"]
+    assert archive_model.main([*argv, "--export-path", str(fake.store), *server_config(fake, tmp_path)]) == 2
+    refusal = capsys.readouterr().err
+    assert "is the archive of sentiment 1.0 on the running server" in refusal, refusal
+    assert "a restart would serve other 1.0 in its place" in refusal and "WARNING" not in refusal, refusal
+    assert (fake.store / f"{MODEL}.mar").read_bytes() == before
+
+
 def test_archive_model_refuses_a_new_version_over_the_restart_archive_after_an_update(fake, tmp_path, capsys):
     """After an update 2.0 was registered from sentiment-2.0.mar; sentiment.mar is still what a restart registers."""
     write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0")
