@@ -9,7 +9,7 @@
     python -m scripts.benchmark --tokenization       # the handler's tokenization against the ways before it
     python -m scripts.benchmark --frame-reading      # a worker reading its batches: TorchServe's reader, buffered
     python -m scripts.benchmark --sweep-max-batch-tokens 1000000000,512,256,128 --backends onnx-fp32
-    python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \
+    python -m scripts.benchmark --device cuda --model bert-base --batch-size 128 --gpu-workers 1,8 \\
         --concurrency 1,256,1024 --duration 10 --out docs/bench-gpu   # on a GPU (docs/benchmarks.md)
 
 One run, one machine, one model. Each backend (the checkpoint for PyTorch; an ONNX export,

@@ -1,6 +1,6 @@
 """Serve a new archive under a running model's name without failing a request (tooling/model_update.py).
 
-    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0 \
+    .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0 \\
         --file-name sentiment-2.0.mar                                   # model_store/sentiment-2.0.mar
     .venv/bin/python -m scripts.update_model model_store/sentiment-2.0.mar   # 1.0 -> 2.0
 

@@ -3,6 +3,8 @@ compiler warns about nothing in it."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import warnings
@@ -39,3 +41,19 @@ def test_python_compiles_every_file_without_a_warning():
             compile(path.read_bytes(), str(path), "exec")
         warned += [f"{path.relative_to(REPO)}:{w.lineno}: {w.category.__name__}: {w.message}" for w in caught]
     assert not warned, "\n".join(warned)
+
+
+def test_every_command_prints_its_shell_examples_as_written():
+    """A command's docstring is its --help (argparse, RawDescriptionHelpFormatter): a shell line continuation written
+    there as a lone backslash is Python's, and joins the example's two lines in what --help prints."""
+    joined = []
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        module = ast.parse(path.read_text())
+        doc = ast.get_docstring(module, clean=False)
+        if doc is None:
+            continue
+        source = ast.get_source_segment(path.read_text(), module.body[0].value)
+        # An odd run of backslashes before a line's end: the last one escapes the newline (an even run is \\ pairs).
+        if not source.startswith(("r", "R")) and re.search(r"(?<!\\)(?:\\\\)*\\\n", source):
+            joined.append(str(path.relative_to(REPO)))
+    assert not joined, f"a lone backslash ends a line of these docstrings (write \\\\): {joined}"
