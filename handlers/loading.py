@@ -19,7 +19,7 @@ import numpy as np
 from handlers.batching import BucketCosts, CheapestPasses, PassPlanner, TokenBudget
 from handlers.cpu_quota import usable_cpus
 from handlers.onnx_forward import ONNX_FILE, load_onnx_forward
-from handlers.options import HandlerOptions
+from handlers.options import ONNX_ONLY, HandlerOptions
 from handlers.scores import SOFTMAX, score_function
 from handlers.tokenization import Encoding, TextEncoder, model_token_limit, size_tokenizer_pool, text_encoder
 
@@ -171,6 +171,9 @@ def load_model(
     graphs = getattr(forward, "graphs", None)
     # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
     graphs_ignored = options.cuda_graphs and graphs is None
+    # Likewise ONNX Runtime's own options set on an archive PyTorch serves: said, not passed over.
+    onnx_ignored = [name for name in ONNX_ONLY if getattr(options, name) != getattr(HandlerOptions, name)]
+    onnx_ignored = onnx_ignored if backend == "pytorch" else []
     if options.fault_marker:
         from handlers.fault_injection import FaultInjectingForward
 
@@ -180,6 +183,8 @@ def load_model(
         description += f"; scores: {scores} ({config.num_labels} label(s), problem_type {config.problem_type})"
     if graphs_ignored:
         description += "; cuda_graphs ignored: CUDA graphs need a PyTorch archive on a GPU"
+    if onnx_ignored:
+        description += f"; {', '.join(onnx_ignored)} ignored: ONNX Runtime's, and PyTorch serves this archive"
     return LoadedModel(
         tokenizer=tokenizer,
         encoder=encoder,

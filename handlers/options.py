@@ -14,6 +14,7 @@ from typing import Any
 from handlers.cpu_quota import usable_cpus
 
 OVERLENGTH_POLICIES = ("truncate", "reject")
+ONNX_ONLY = ("onnx_inter_op_threads", "onnx_spinning")  # options only ONNX Runtime reads (handlers/onnx_forward.py)
 FAULT_KINDS = ("error", "oom")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CUDA_BATCH_TOKENS = 128 * 512  # the auto token budget on CUDA: 128 texts at BERT's 512 tokens

@@ -132,6 +132,13 @@ def test_the_capture_check_applies_where_the_graphs_do_only(tiny_checkpoint, mon
     assert "cuda_graphs ignored" in served.description
 
 
+def test_onnx_runtimes_options_on_an_archive_pytorch_serves_are_said_to_be_ignored(tiny_checkpoint):
+    """As cuda_graphs on an archive the graphs cannot serve: the load log names what does nothing here."""
+    served = load_model(tiny_checkpoint, HandlerOptions(onnx_spinning=True, onnx_inter_op_threads=2), None)
+    assert "onnx_inter_op_threads, onnx_spinning ignored: ONNX Runtime's, and PyTorch serves" in served.description
+    assert "ignored" not in load_model(tiny_checkpoint, HandlerOptions(), None).description
+
+
 # ---- out of memory --------------------------------------------------------------------------------------
 
 
