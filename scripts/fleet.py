@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
-from tooling.fleet import DEFAULT_ROOT, Fleet, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, read_state, stop_fleet
 from tooling.fleet_config import BACKEND, FleetError, FleetSpec
 from tooling.fleet_roll import roll, roll_stopped
 from tooling.haproxy_admin import haproxy_command, haproxy_servers
@@ -44,6 +44,12 @@ def alert_for(value: str) -> tuple[str, str]:
     if not name or not duration:
         raise argparse.ArgumentTypeError(f"expected ALERT=DURATION (e.g. BertReplicaDown=10s), got {value!r}")
     return name, duration
+
+
+def fleet_command(args: argparse.Namespace, command: str) -> str:
+    """`command` as the operator types it for this fleet: with --root where the fleet is not under the default."""
+    root = "" if args.root == DEFAULT_ROOT else f" --root {args.root}"
+    return f".venv/bin/python -m scripts.fleet{root} {command}"
 
 
 def up(args: argparse.Namespace) -> int:
@@ -68,8 +74,8 @@ def up(args: argparse.Namespace) -> int:
 Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas; state in {fleet.state_file})
   curl -H "Content-Type: application/json" -d '{SAMPLE}' {fleet.front_url}/predictions/bert
 Prometheus: {fleet.prometheus_url}   HAProxy stats: {fleet.haproxy_metrics_url}/stats
-Drain a replica: .venv/bin/python -m scripts.fleet drain r0   (back: ... ready r0)
-Stop: .venv/bin/python -m scripts.fleet down""")
+Drain a replica: {fleet_command(args, "drain r0")}   (back: ... ready r0)
+Stop: {fleet_command(args, "down")}""")
     return 0
 
 
@@ -77,7 +83,7 @@ def status(args: argparse.Namespace) -> int:
     try:
         state = read_state(args.root)
     except FileNotFoundError:
-        print("no fleet is up")
+        print(f"no fleet is up under {args.root}")
         return 1
     print(json.dumps(state, indent=2))
     import requests
@@ -95,10 +101,19 @@ def status(args: argparse.Namespace) -> int:
 
 
 def set_state(args: argparse.Namespace) -> int:
-    socket_path = read_state(args.root)["haproxy_socket"]
+    if args.replica == SURGE:
+        # HAProxy has the slot, but only a roll may put it in rotation or take it out: set by hand it would show
+        # DOWN between rolls, and nothing here would bring back its MAINT.
+        raise FleetError(f"{SURGE} is not a replica to {args.command}: the surge slot is the roll's alone")
+    try:
+        socket_path = read_state(args.root)["haproxy_socket"]
+    except FileNotFoundError:
+        raise FleetError(f"no fleet is up under {args.root}") from None
     answer = haproxy_command(socket_path, f"set server {BACKEND}/{args.replica} state {args.command}").strip()
-    print(answer or f"==> {args.replica}: {args.command}")
-    return 1 if answer else 0
+    if answer:
+        raise FleetError(f"haproxy refused to set {args.replica} {args.command}: {answer} (`status` lists them)")
+    print(f"==> {args.replica}: {args.command}")
+    return 0
 
 
 def stop_on_signals(stop: threading.Event) -> None:
@@ -140,7 +155,7 @@ def down(args: argparse.Namespace) -> int:
         if rolling is not None:
             print(f"==> stopped the roll in progress (pid {rolling['pid']}), as it stood: nothing rolled back")
         stopped = stop_fleet(args.root)
-    print("==> stopped " + (", ".join(stopped) if stopped else "nothing (no fleet was running)"))
+    print("==> stopped " + (", ".join(stopped) if stopped else f"nothing (no fleet was running under {args.root})"))
     return 0
 
 

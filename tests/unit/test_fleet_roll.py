@@ -741,7 +741,10 @@ def test_drain_and_ready_on_the_command_line_and_a_replica_haproxy_does_not_know
     assert ready.returncode == 0 and ready.stdout.strip() == "==> r0: ready", ready
     assert not fronted.servers()["r0"]["status"].startswith("DRAIN")
     unknown = fleet_command(fronted.root, "drain", "r9")
-    assert unknown.returncode == 1 and "No such server" in unknown.stdout, unknown
+    assert unknown.returncode == 1 and "fleet: haproxy refused to set r9 drain: No such server" in unknown.stderr
+    # The surge slot is HAProxy's too, but only a roll moves it: by hand it would show DOWN between rolls.
+    surge = fleet_command(fronted.root, "ready", "surge")
+    assert surge.returncode == 1 and "the surge slot is the roll's alone" in surge.stderr, surge
     with pytest.raises(FleetError, match="haproxy refused to set r9 drain: No such server"):
         fronted.set_server_state("r9", "drain")
 
@@ -760,7 +763,7 @@ def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the
 
 def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_1(tmp_path):
     nothing = fleet_command(tmp_path, "status")
-    assert nothing.returncode == 1 and nothing.stdout.strip() == "no fleet is up", nothing
+    assert nothing.returncode == 1 and nothing.stdout.strip() == f"no fleet is up under {tmp_path}", nothing
     nothing = fleet_command(tmp_path, "roll", "new.mar")
     assert nothing.returncode == 1 and f"fleet: no fleet is up under {tmp_path}" in nothing.stderr, nothing
     write_atomically(tmp_path / "fleet.json", {"haproxy_socket": str(tmp_path / "gone.sock")})
@@ -773,7 +776,7 @@ def test_down_clears_a_fleet_json_whose_processes_are_not_recorded_so_up_is_not_
     """What an `up` killed before it recorded a process leaves."""
     write_atomically(tmp_path / "fleet.json", {"front": "http://127.0.0.1:1"})
     stopped = fleet_command(tmp_path, "down")
-    assert stopped.returncode == 0 and "stopped nothing (no fleet was running)" in stopped.stdout, stopped
+    assert stopped.returncode == 0 and f"stopped nothing (no fleet was running under {tmp_path})" in stopped.stdout
     assert not (tmp_path / "fleet.json").exists()
 
 
@@ -837,3 +840,22 @@ def test_a_second_ctrl_c_aborts_a_roll_and_the_command_line_exits_130_without_a_
         down.wait()
         holding.kill()
         holding.wait()
+
+
+def test_the_commands_a_fleet_prints_name_its_root_where_it_is_not_the_default(tmp_path):
+    """`up --root X` printed `... scripts.fleet down` without it: run as printed, `down` looked under logs/, said it
+    stopped nothing, and left the fleet running."""
+    import argparse
+
+    from scripts.fleet import fleet_command as printed
+    from tooling.fleet import DEFAULT_ROOT
+
+    assert (
+        printed(argparse.Namespace(root=tmp_path), "down")
+        == f".venv/bin/python -m scripts.fleet --root {tmp_path} down"
+    )
+    assert printed(argparse.Namespace(root=DEFAULT_ROOT), "drain r0") == ".venv/bin/python -m scripts.fleet drain r0"
+    drained = fleet_command(tmp_path, "drain", "r0")  # no fleet there: said, with where it looked
+    assert drained.returncode == 1 and f"fleet: no fleet is up under {tmp_path}" in drained.stderr, drained
+    stopped = fleet_command(tmp_path, "down")
+    assert f"stopped nothing (no fleet was running under {tmp_path})" in stopped.stdout, stopped
