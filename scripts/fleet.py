@@ -113,6 +113,13 @@ def set_state(args: argparse.Namespace) -> int:
     if answer:
         raise FleetError(f"haproxy refused to set {args.replica} {args.command}: {answer} (`status` lists them)")
     print(f"==> {args.replica}: {args.command}")
+    health = haproxy_servers(socket_path).get(args.replica, {}).get("status", "")
+    if args.command == "ready" and health.startswith("DOWN"):
+        # In rotation as far as the command goes, but HAProxy sends it nothing while its checks fail: not a success.
+        print(f"fleet: HAProxy's health checks find {args.replica} {health}: its TorchServe does not answer, so it "
+              f"gets no requests. Its logs are under {args.root / 'fleet' / args.replica}; a roll onto another "
+              "archive, or `down` then `up`, starts it again", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -750,6 +750,26 @@ def test_drain_and_ready_on_the_command_line_and_a_replica_haproxy_does_not_know
 
 
 @needs_system_packages
+def test_ready_of_a_replica_whose_torchserve_is_gone_says_it_stays_down(fleet):
+    """`ready` said `==> r1: ready`, exit 0, for a replica whose TorchServe had died: HAProxy's checks kept it DOWN."""
+    from tooling.torchserve import free_port
+
+    fleet.replicas = fleet.replicas[:1]
+    del fleet.servers  # HAProxy's own view
+    nothing = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the replica's TorchServe is gone
+    fleet.replicas[0].addresses = {f"{api}_address": nothing for api in ("inference", "management", "metrics")}
+    fleet.dir.mkdir(parents=True)
+    try:
+        fleet._start_haproxy()
+        wait_until(lambda: _answers(lambda: fleet.servers()["r0"]["status"].startswith("DOWN")), 30, "r0 DOWN")
+        readied = fleet_command(fleet.root, "ready", "r0")
+        assert readied.returncode == 1, readied
+        assert "HAProxy's health checks find r0 DOWN" in readied.stderr and "`down` then `up`" in readied.stderr
+    finally:
+        fleet.down()
+
+
+@needs_system_packages
 def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the_store_is_refused(fronted, tmp_path):
     outside = fake_archive(tmp_path / "elsewhere.mar")
     refused = fleet_command(fronted.root, "roll", str(outside))
