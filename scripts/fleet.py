@@ -65,8 +65,10 @@ def up(args: argparse.Namespace) -> int:
         latency_budget_ms=args.latency_budget_ms,
         alert_for=dict(args.alert_for),
     )
+    fleet = Fleet(spec, root=args.root)
+    fleet.refuse_to_start()  # before saying it starts
     print(f"==> starting {spec.replicas} replicas of {archive}, HAProxy and Prometheus (files in {args.root}/fleet)")
-    fleet = Fleet(spec, root=args.root).up()
+    fleet.up()
     for replica in fleet.replicas:
         cores = ",".join(map(str, replica.cores)) if replica.cores else "all"
         print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {replica.inference_url}")
@@ -152,7 +154,9 @@ def roll_archive(args: argparse.Namespace) -> int:
     steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop, surge=not args.no_surge)
     if stop.is_set() and any(replica.archive != archive.name for replica in fleet.replicas):
         return 1
-    slowest = max((step.seconds for step in steps), default=0.0)
+    if not steps:  # nothing moved: the roll said every replica already serves it
+        return 0
+    slowest = max(step.seconds for step in steps)
     print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
     return 0
 

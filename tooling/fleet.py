@@ -238,8 +238,9 @@ class Fleet:
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
-    def up(self, timeout: float = 180.0) -> Fleet:
-        """Start every replica, HAProxy and Prometheus; return once all are ready and every target is up."""
+    def refuse_to_start(self) -> None:
+        """FleetError where `up` cannot start this fleet: HAProxy or Prometheus missing, a fleet already up under
+        this root, no archive. Checked by `up` itself; the command line asks first, before it says it starts."""
         missing = missing_system_commands()
         if missing:
             raise FleetError(f"missing {', '.join(missing)}: {INSTALL_HINT}")
@@ -248,6 +249,10 @@ class Fleet:
         archive = Path(self.spec.model_store) / self.spec.archive
         if not archive.is_file():
             raise FleetError(f"no archive {archive} (scripts/setup.sh builds model_store/bert.mar)")
+
+    def up(self, timeout: float = 180.0) -> Fleet:
+        """Start every replica, HAProxy and Prometheus; return once all are ready and every target is up."""
+        self.refuse_to_start()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.response_timeout = self.response_timeout_of(self.spec.archive)
         try:

@@ -698,6 +698,7 @@ def test_up_refuses_a_second_fleet_on_the_same_root_and_an_archive_the_store_has
     write_atomically(tmp_path / "root" / "fleet.json", {})
     refused = fleet_command(tmp_path / "root", *up)
     assert refused.returncode == 1 and "fleet.json exists: a fleet is already up" in refused.stderr, refused
+    assert "starting" not in refused.stdout, refused.stdout  # refused before it says it starts
 
 
 @needs_system_packages
@@ -778,7 +779,7 @@ def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the
     done = fleet_command(fronted.root, "roll", "old.mar")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "==> every replica already serves old.mar" in done.stdout, done.stdout
-    assert "Every replica serves old.mar (each out of rotation at most 0.0 s)" in done.stdout, done.stdout
+    assert "out of rotation" not in done.stdout, done.stdout  # none was
 
 
 def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_1(tmp_path):
