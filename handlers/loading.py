@@ -172,8 +172,7 @@ def load_model(
     # Said in the load log rather than passed over in silence: the option applies to PyTorch archives on a GPU.
     graphs_ignored = options.cuda_graphs and graphs is None
     # Likewise ONNX Runtime's own options set on an archive PyTorch serves: said, not passed over.
-    onnx_ignored = [name for name in ONNX_ONLY if getattr(options, name) != getattr(HandlerOptions, name)]
-    onnx_ignored = onnx_ignored if backend == "pytorch" else []
+    onnx_ignored = [n for n in ONNX_ONLY if backend == "pytorch" and getattr(options, n) != getattr(HandlerOptions, n)]
     if options.fault_marker:
         from handlers.fault_injection import FaultInjectingForward
 

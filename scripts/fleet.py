@@ -28,9 +28,9 @@ from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
 from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, read_state, stop_fleet
-from tooling.fleet_config import BACKEND, FleetError, FleetSpec
+from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import roll, roll_stopped
-from tooling.haproxy_admin import haproxy_command, haproxy_servers
+from tooling.haproxy_admin import haproxy_servers, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
 from tooling.termination import exit_on_sigterm, raise_terminated
@@ -111,9 +111,10 @@ def set_state(args: argparse.Namespace) -> int:
         socket_path = read_state(args.root)["haproxy_socket"]
     except FileNotFoundError:
         raise FleetError(f"no fleet is up under {args.root}") from None
-    answer = haproxy_command(socket_path, f"set server {BACKEND}/{args.replica} state {args.command}").strip()
-    if answer:
-        raise FleetError(f"haproxy refused to set {args.replica} {args.command}: {answer} (`status` lists them)")
+    try:
+        set_server_state(socket_path, args.replica, args.command)
+    except FleetError as refused:  # an unknown replica: where the names are
+        raise FleetError(f"{refused} (`status` lists them)") from None
     print(f"==> {args.replica}: {args.command}")
     health = haproxy_servers(socket_path).get(args.replica, {}).get("status", "")
     if args.command == "ready" and health.startswith("DOWN"):

@@ -66,6 +66,31 @@ def serving_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[
         server.server_close()
 
 
+def answering_every_call(
+    status: int = 200, body: bytes = b"", asked: list[str] | None = None
+) -> type[http.server.BaseHTTPRequestHandler]:
+    """A handler for serving_http that answers every GET and POST with `status` and `body` (reading a POST's body
+    first), each path appended to `asked` where given: a stand-in for an API a command must, or must not, call."""
+
+    class Answering(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if asked is not None:
+                asked.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Answering
+
+
 def umask_of(pid: int) -> str:
     """A running process's umask as Linux reports it ("0077"): what every file it creates is masked with."""
     status = Path(f"/proc/{pid}/status").read_text()

@@ -42,7 +42,6 @@ import yaml
 
 from tooling.fleet_config import (
     ALERTING_RULES,
-    BACKEND,
     RECORDING_RULES,
     FleetError,
     FleetSpec,
@@ -53,7 +52,7 @@ from tooling.fleet_config import (
     prometheus_config,
     surge_targets,
 )
-from tooling.haproxy_admin import haproxy_command, haproxy_servers
+from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
 from tooling.processes import in_parallel, java_frontend, process_record, same_process, stop_recorded, wait_for
@@ -554,10 +553,8 @@ class Fleet:
         return haproxy_servers(self.socket_path)
 
     def set_server_state(self, name: str, state: str) -> None:
-        """`ready`, `drain` (finish in-flight requests, take no new ones) or `maint`."""
-        answer = self.haproxy_command(f"set server {BACKEND}/{name} state {state}")
-        if answer.strip():
-            raise FleetError(f"haproxy refused to set {name} {state}: {answer.strip()}")
+        """`ready`, `drain` (finish in-flight requests, take no new ones) or `maint`: haproxy_admin's."""
+        set_server_state(self.socket_path, name, state)
 
     def api(self, path: str, **params: str) -> dict:
         """GET Prometheus's /api/v1/<path>; its `data`."""

@@ -6,7 +6,7 @@ import csv
 import socket
 from pathlib import Path
 
-from tooling.fleet_config import BACKEND
+from tooling.fleet_config import BACKEND, FleetError
 
 
 def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0) -> str:
@@ -29,3 +29,11 @@ def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
     text = haproxy_command(socket_path, "show stat").lstrip("# ")
     rows = csv.DictReader(line for line in text.splitlines() if line.strip())
     return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
+
+
+def set_server_state(socket_path: Path | str, name: str, state: str) -> None:
+    """Set replica `name` of the fleet's backend `ready`, `drain` (finish in-flight requests, take no new ones) or
+    `maint`; FleetError with HAProxy's answer where it refuses (an unknown server)."""
+    answer = haproxy_command(socket_path, f"set server {BACKEND}/{name} state {state}").strip()
+    if answer:
+        raise FleetError(f"haproxy refused to set {name} {state}: {answer}")

@@ -5,7 +5,6 @@ call a truncated model_store/bert.mar, newer than its sources, up to date)."""
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ import zipfile
 
 import pytest
 
-from tests.support import serving_http
+from tests.support import answering_every_call, serving_http
 from tooling import archiving
 from tooling.model_archive import archive_name, archive_response_timeout, archive_version
 
@@ -159,23 +158,12 @@ def test_archive_model_asks_nothing_of_a_server_without_a_key_file_or_with_anoth
     from scripts import archive_model
 
     asked: list[str] = []
-
-    class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
     store = tmp_path / "store"
     store.mkdir()
     (store / "bert.mar").write_bytes(OLD)
     config = tmp_path / "config.properties"
     argv = [str(tmp_path / "checkpoint"), "--export-path", str(store), "--server-config", str(config)]
-    with serving_http(Refusing) as url:
+    with serving_http(answering_every_call(500, asked=asked)) as url:
         config.write_text(f"inference_address={url}\nmanagement_address={url}\nmodel_store={store}\n")
         assert archive_model.main([*argv, "--key-file", str(tmp_path / "key_file.json")]) == 2
         said = capsys.readouterr().err

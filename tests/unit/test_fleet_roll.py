@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from tests.deploy.manifests import fake_archive
-from tests.support import require_system_packages, serving_http, wait_until
+from tests.support import answering_every_call, require_system_packages, serving_http, wait_until
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
@@ -149,18 +149,7 @@ def surge_ports_free(monkeypatch):
 @pytest.fixture
 def probe_url():
     """A loopback HTTP server that answers every POST 200: the replicas' probe target."""
-
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving_http(Answer) as url:
+    with serving_http(answering_every_call()) as url:
         yield url
 
 
@@ -816,18 +805,8 @@ def test_a_surge_stop_does_not_wait_on_a_prometheus_it_cannot_ask(fleet):
 
 
 def test_a_prometheus_answer_that_is_not_a_success_is_a_fleet_error(fleet):
-    class Failing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps({"status": "error", "error": "bad query"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving_http(Failing) as url:
+    failing = answering_every_call(body=json.dumps({"status": "error", "error": "bad query"}).encode())
+    with serving_http(failing) as url:
         fleet.prometheus_port = int(url.rsplit(":", 1)[1])
         with pytest.raises(FleetError, match=r"prometheus query: .*bad query"):
             fleet.query("up")

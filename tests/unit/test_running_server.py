@@ -273,24 +273,11 @@ def test_a_command_for_a_server_without_its_key_file_stops_in_one_line(tmp_path,
 
 def test_rotate_keys_on_a_server_without_token_authorization_fails_and_asks_nothing(tmp_path, capsys):
     """From cron against a server whose config turns authorization off: said, and no POST /token sent."""
-    from http.server import BaseHTTPRequestHandler
-
     from scripts import rotate_keys
-    from tests.support import serving_http
+    from tests.support import answering_every_call, serving_http
 
-    asked = []
-
-    class Recording(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            asked.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving_http(Recording) as url:
+    asked: list[str] = []
+    with serving_http(answering_every_call(asked=asked)) as url:
         config, key_file = write_server(
             tmp_path, {"management_address": url, "disable_token_authorization": "true"}, None
         )

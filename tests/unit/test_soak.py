@@ -4,10 +4,8 @@ tests/e2e/test_reliability.py::test_soak_short_mode."""
 
 from __future__ import annotations
 
-import http.server
-
 from scripts.soak import open_loop_verdict
-from tests.support import serving_http
+from tests.support import answering_every_call, serving_http
 from tooling.soak import drive
 from tooling.torchserve import TorchServe, free_port
 
@@ -19,18 +17,7 @@ def server_at(tmp_path, inference_url: str) -> TorchServe:
 
 
 def test_every_answer_other_than_the_expected_one_is_a_failure_and_so_is_a_request_that_raises(tmp_path):
-    class AlwaysOk(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving_http(AlwaysOk) as url:
+    with serving_http(answering_every_call(body=b"{}")) as url:
         sent, failures = drive(server_at(tmp_path / "ok", url), "soak", 0.5, clients=2, seed=1)
     # The mix holds invalid requests (400, 413) among the valid ones: each answered 200 is a failure.
     assert sent > len(failures) > 0, (sent, failures)
