@@ -4,6 +4,7 @@
     .venv/bin/python -m scripts.fleet status              # what runs, HAProxy's and Prometheus's view
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
+    .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -13,6 +14,7 @@ writes logs/fleet.json, and returns once every replica is ready and every scrape
 cannot serve stops the roll with nothing touched), then drains one replica at a time, restarts it on
 the archive, probes it and puts it back, failing no request; a replica that cannot serve the archive
 rolls every replica back; the surge replica is stopped at the end (tooling/fleet_roll.py).
+`restart` is one such step onto the archive the replica runs. `status` exits 1 while a replica is DOWN.
 Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
 """
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
 from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import roll, roll_stopped
+from tooling.fleet_roll import restart, roll, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -91,15 +93,26 @@ def status(args: argparse.Namespace) -> int:
     import requests
 
     try:
-        for name, row in haproxy_servers(state["haproxy_socket"]).items():
-            print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
+        servers = haproxy_servers(state["haproxy_socket"])
         targets = requests.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-        for target in targets:
-            print(f"prometheus: {target['labels']['job']} {target['scrapeUrl']} {target['health']}")
     except (OSError, requests.RequestException, KeyError, ValueError) as error:
         print(f"could not reach the fleet: {error}")
         return 1
-    return 0
+    for name, row in servers.items():
+        print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
+    for target in targets:
+        labels = target["labels"]
+        who = f"{labels['job']} {labels['replica']}" if "replica" in labels else labels["job"]
+        print(f"prometheus: {who} {target['scrapeUrl']} {target['health']}")
+    # Drained or in maintenance is the operator's doing; DOWN is a replica HAProxy's checks find not answering.
+    dead = [name for name, row in servers.items() if row["status"].startswith("DOWN")]
+    for name in dead:
+        print(f"fleet: {name} is DOWN: its TorchServe does not answer (logs under {args.root / 'fleet' / name}); "
+              f"{fleet_command(args, f'restart {name}')} starts it again", file=sys.stderr)  # fmt: skip
+    unscraped = [target["scrapeUrl"] for target in targets if target["health"] == "down"]
+    if unscraped and not dead:
+        print(f"fleet: Prometheus cannot scrape {', '.join(unscraped)}", file=sys.stderr)
+    return 1 if dead or unscraped else 0
 
 
 def set_state(args: argparse.Namespace) -> int:
@@ -120,8 +133,8 @@ def set_state(args: argparse.Namespace) -> int:
     if args.command == "ready" and health.startswith("DOWN"):
         # In rotation as far as the command goes, but HAProxy sends it nothing while its checks fail: not a success.
         print(f"fleet: HAProxy's health checks find {args.replica} {health}: its TorchServe does not answer, so it "
-              f"gets no requests. Its logs are under {args.root / 'fleet' / args.replica}; a roll onto another "
-              "archive, or `down` then `up`, starts it again", file=sys.stderr)  # fmt: skip
+              f"gets no requests. Its logs are under {args.root / 'fleet' / args.replica}; "
+              f"{fleet_command(args, f'restart {args.replica}')} starts it again", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 
@@ -159,6 +172,13 @@ def roll_archive(args: argparse.Namespace) -> int:
         return 0
     slowest = max(step.seconds for step in steps)
     print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
+    return 0
+
+
+def restart_replica(args: argparse.Namespace) -> int:
+    fleet = Fleet.attach(args.root)
+    # No stop-between-steps here (there is one step): the first Ctrl-C aborts, saying where it stood.
+    restart(fleet, args.replica, args.probe.read_bytes())
     return 0
 
 
@@ -204,13 +224,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no surge replica: each step runs the fleet a replica short (when the host has no memory for one more)",
     )
-    commands.add_parser("status", help="show the running fleet")
+    again = commands.add_parser(
+        "restart", help="start a replica again on the archive it runs (drain, restart, probe, back in rotation)"
+    )
+    again.add_argument("replica", help="r0, r1, ...")
+    again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
+    commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
     commands.add_parser("down", help="stop the fleet")
     for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):
         commands.add_parser(state, help=f"HAProxy: {what}").add_argument("replica", help="r0, r1, ...")
     args = parser.parse_args(argv)
     try:
-        run = {"up": up, "status": status, "roll": roll_archive, "down": down, "drain": set_state, "ready": set_state}
+        run = {
+            "up": up,
+            "status": status,
+            "roll": roll_archive,
+            "restart": restart_replica,
+            "down": down,
+            "drain": set_state,
+            "ready": set_state,
+        }
         return run[args.command](args)
     except FleetError as error:
         print(f"fleet: {error}", file=sys.stderr)

@@ -29,7 +29,10 @@ replica that already runs the archive, as loaded, is left as it is, so a roll th
 finished by the same command again.
 One roll at a time (a lock in the fleet's directory, which names the roll's process); `down` stops a
 roll in progress before it stops the fleet (`roll_stopped`).
-`scripts/fleet.py roll` is the command line; docs/fleet.md the guide.
+
+`restart` is the same step for one replica onto the archive it runs, under the same lock: what starts
+again a replica whose TorchServe died, which a roll leaves as it is.
+`scripts/fleet.py roll` and `restart` are the command line; docs/fleet.md the guide.
 """
 
 from __future__ import annotations
@@ -157,23 +160,18 @@ def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
     if not path.is_file():
         raise FleetError(f"no {archive} in the fleet's model store {fleet.spec.model_store}: copy it there")
     for replica in fleet.replicas:
-        if replica.archive_stamp is None:
-            raise FleetError(
-                f"{replica.name} was started before archives were stamped (an older checkout): a roll could not "
-                "tell whether its archive is the one it loaded. Start the fleet anew (`down`, then `up`)"
+        refuse_unless_as_loaded(
+            fleet,
+            replica,
+            "a roll",
+            (
+                "a roll onto it would leave replicas on different models under one name"
+                if replica.archive == archive
+                else "a roll back would not restore what it runs"
             )
-        loaded = fleet.spec.model_store / replica.archive
-        if not loaded.is_file() or file_stamp(loaded) != replica.archive_stamp:
-            raise FleetError(
-                f"{replica.name} runs {replica.archive}, and that file changed since {replica.name} loaded it: "
-                + (
-                    "a roll onto it would leave replicas on different models under one name"
-                    if replica.archive == archive
-                    else "a roll back would not restore what it runs"
-                )
-                + ". Give a new archive a file name of its own (`scripts.archive_model --name`), put the old file "
-                "back, or start the fleet anew (`down`, then `up --archive`)"
-            )
+            + ". Give a new archive a file name of its own (`scripts.archive_model --name`), put the old file "
+            "back, or start the fleet anew (`down`, then `up --archive`)",
+        )
     try:
         timeout = fleet.response_timeout_of(archive)
     except NotAnArchive as error:
@@ -192,13 +190,35 @@ def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
     out = [index for index, replica in enumerate(fleet.replicas) if servers[replica.name]["status"] != "UP"]
     staying_out = sorted(fleet.replicas[index].name for index in out if index not in moving)
     if staying_out:
+        # A replica HAProxy's checks find DOWN does not answer: `ready` cannot bring it back, a restart does.
+        dead = [name for name in staying_out if servers[name]["status"].startswith("DOWN")]
+        drained = [name for name in staying_out if name not in dead]
+        then = [f"`restart {name}`" for name in dead] + [f"`ready {name}`" for name in drained]
         raise FleetError(
-            f"{', '.join(staying_out)}: on {archive} already, but not in rotation: a roll takes one replica out "
-            "at a time, and would leave too few; bring them back first (`status`, then `ready`)"
+            f"{', '.join(staying_out)}: on {archive} already, but not in rotation"
+            + (f" ({', '.join(dead)}: DOWN, its TorchServe does not answer HAProxy's checks)" if dead else "")
+            + f": a roll takes one replica out at a time, and would leave too few; bring them back first "
+            f"({', '.join(then)})"
         )
     # A replica out of rotation that the roll moves (one an aborted roll left stopped) goes first: taking it
     # out again costs nothing.
     return sorted(moving, key=lambda index: index not in out)
+
+
+def refuse_unless_as_loaded(fleet: Fleet, replica: Replica, what: str, because: str) -> None:
+    """FleetError unless `replica`'s archive file is still the one it loaded (its size and modification time,
+    recorded at each start): else `what` ("a roll", "a restart") would load another file, which `because` says
+    the harm of."""
+    if replica.archive_stamp is None:
+        raise FleetError(
+            f"{replica.name} was started before archives were stamped (an older checkout): {what} could not tell "
+            "whether its archive is the one it loaded. Start the fleet anew (`down`, then `up`)"
+        )
+    loaded = fleet.spec.model_store / replica.archive
+    if not loaded.is_file() or file_stamp(loaded) != replica.archive_stamp:
+        raise FleetError(
+            f"{replica.name} runs {replica.archive}, and that file changed since {replica.name} loaded it: {because}"
+        )
 
 
 def in_flight(fleet: Fleet, name: str) -> int:
@@ -247,6 +267,59 @@ def move_replica(
         lambda: fleet.servers()[replica.name]["status"] == "UP", UP_TIMEOUT_S, f"HAProxy to have {replica.name} UP"
     )
     return Step(replica.name, held, time.monotonic() - started, sent_again(fleet, replica.name) - retried)
+
+
+def restart(
+    fleet: Fleet, name: str, probe: bytes, *, load_timeout: float = 180.0, say: Callable[[str], None] = print
+) -> Step:
+    """Start replica `name` again on the archive it runs, as it loaded it: drain, restart on the same ports and
+    cores, probe, back in rotation (`move_replica` onto its own archive). What brings back a replica whose
+    TorchServe died or hangs (HAProxy has it DOWN): a roll leaves a replica already on its archive as it is.
+    FleetError before anything is touched for the surge slot, a replica the fleet has not, an archive file
+    changed since the replica loaded it, or a restart that would leave no replica in rotation; FleetError
+    naming the replica's log when it cannot load or answer (it stays out of rotation: nothing to go back to)."""
+    with only_roll(fleet.dir):  # a roll moving replicas meanwhile could take a second one out
+        check_current(fleet)
+        replica = replica_to_restart(fleet, name)
+        say(f"==> {name}: drain, restart on {replica.archive}, probe, back in rotation")
+        try:
+            with said_where_interrupted(name, say, f"`restart {name}` again starts it"):
+                step = move_replica(fleet, replica, replica.archive, replica.archive_stamp, probe, load_timeout)
+        except Exception as error:
+            raise FleetError(
+                f"{name} could not be restarted on {replica.archive}: {error}. It is out of rotation; its logs are "
+                f"under {replica.workdir / 'logs'}"
+            ) from error
+        say(
+            f"    {name} serves {replica.archive} again: out of rotation {step.seconds:.1f} s, "
+            f"{step.in_flight_at_drain} in flight when drained, {step.retried} sent again by HAProxy"
+        )
+        return step
+
+
+def replica_to_restart(fleet: Fleet, name: str) -> Replica:
+    """Replica `name`, if `restart` may start it again; FleetError saying why not."""
+    if fleet.surge is not None and name == fleet.surge.name:
+        raise FleetError(f"{name} is the surge slot, the roll's alone: a roll starts and stops it")
+    replica = next((replica for replica in fleet.replicas if replica.name == name), None)
+    if replica is None:
+        names = ", ".join(replica.name for replica in fleet.replicas)
+        raise FleetError(f"no replica {name} in this fleet (it has {names}; `status` lists them)")
+    refuse_unless_as_loaded(
+        fleet,
+        replica,
+        "a restart",
+        "restarted, it would serve another model than the others under the same name. Put the old file back, or "
+        "`roll` every replica onto a new archive (it moves this one first)",
+    )
+    servers = fleet.servers()
+    serving = [other for other, row in servers.items() if row["status"] == "UP"]
+    if serving == [name]:
+        raise FleetError(
+            f"{name} is the only replica in rotation: restarting it would fail every request meanwhile. "
+            "Bring another back first (`status`; `restart` or `ready` it)"
+        )
+    return replica
 
 
 def roll(

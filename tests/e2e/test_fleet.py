@@ -226,6 +226,12 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 # ---- the command ----------------------------------------------------------------------------------------
 
 
+def fleet_cli(root, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`scripts.fleet --root ROOT ARGS` in a process of its own, as an operator runs it."""
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     fleet_archive, unloadable_archive, next_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
@@ -236,13 +242,9 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     require_system_packages()
     root = tmp_path / "cli"
 
-    def fleet_command(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
     # A budget far above any stall on a shared machine: see the `fleet` fixture.
     budget = ("--latency-budget-ms", "60000")
-    started = fleet_command("up", "--replicas", "2", "--archive", str(model_store / fleet_archive), *budget)
+    started = fleet_cli(root, "up", "--replicas", "2", "--archive", str(model_store / fleet_archive), *budget)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         state = read_state(root)
@@ -253,10 +255,10 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert state["front"] in curl
         answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30)
         assert json.loads(answer.stdout)["label"] in {"negative", "positive"}, answer.stdout + answer.stderr
-        assert fleet_command("status").returncode == 0
+        assert fleet_cli(root, "status").returncode == 0
 
         slower = make_archive(tiny_checkpoint, "fleet-slower")  # the default response timeout, 60 s against 3 s
-        refused = fleet_command("roll", slower)
+        refused = fleet_cli(root, "roll", slower)
         assert refused.returncode == 1 and "HAProxy would cut its slow batches short" in refused.stderr, refused
         assert [r["pid"] for r in read_state(root)["replicas"]] == [r["pid"] for r in state["replicas"]]
 
@@ -274,7 +276,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert load.outcomes and not failed, failed[:3]
         assert read_state(root)["replicas"] == state["replicas"], "a replica was touched"
         assert read_state(root)["surge"] is None and not _running_from(root / "fleet" / SURGE), "the surge runs on"
-        assert fleet_command("status").returncode == 0
+        assert fleet_cli(root, "status").returncode == 0
         records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
         groups += [record["pid"] for record in records["replicas"]]  # the same ones: the roll restarted none
@@ -287,7 +289,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
             said.append(rolling.stdout.readline())
         assert said[-1], "".join(said)
     finally:
-        stopped = fleet_command("down")
+        stopped = fleet_cli(root, "down")
     try:
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         said.append(rolling.stdout.read())
@@ -646,6 +648,54 @@ def test_every_dashboard_panel_returns_data_after_traffic(fleet, failover_run):
         f"\ndashboard: {sum(len(p['targets']) for p in panels)} queries over {len(panels)} panels, {len(empty)} empty"
     )
     assert not empty, empty
+
+
+def test_a_killed_replica_is_named_by_status_refused_by_a_roll_and_started_again_by_restart(
+    fleet, failover_run, fleet_archive, answers_alone
+):
+    """The replica the failover killed stays dead (no command but a roll onto another archive, or `down` then `up`,
+    started it). `status` exits 1 naming it and the command that starts it; a roll onto the archive it runs is
+    refused, saying it is DOWN and to restart it; `restart`, from another process under load, starts it again
+    on its archive, failing no request: a new Java frontend on the replica's cores, recorded for `down`, UP in
+    HAProxy, answering as the same text alone, scraped by Prometheus, and `status` exits 0."""
+    index = next(i for i, replica in enumerate(fleet.replicas) if replica.name == failover_run.killed)
+    name, dead_java = fleet.replicas[index].name, fleet.replicas[index].java_pid
+    assert fleet.servers()[name]["status"].startswith("DOWN") and not java_alive(dead_java)
+    down = fleet_cli(fleet.root, "status")
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert f"fleet: {name} is DOWN: its TorchServe does not answer" in down.stderr, down.stderr
+    assert f"scripts.fleet --root {fleet.root} restart {name} starts it again" in down.stderr, down.stderr
+    assert f"prometheus: torchserve {name} http://" in down.stdout, down.stdout  # by replica, not only by URL
+    refused = fleet_cli(fleet.root, "roll", fleet_archive)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"({name}: DOWN, its TorchServe does not answer HAProxy's checks)" in refused.stderr, refused.stderr
+    assert refused.stderr.rstrip().endswith(f"bring them back first (`restart {name}`)"), refused.stderr
+    try:
+        with Load(fleet.front_url, request_timeout(fleet)) as load:
+            restarted = fleet_cli(fleet.root, "restart", name)
+    finally:
+        # The command line restarted it: this module's fleet must act on its records now, not the dead process's
+        # (`restore` would start a second one on the same ports; `down` would miss the new one).
+        fleet.replicas[index] = Fleet.attach(fleet.root).replicas[index]
+    replica = fleet.replicas[index]
+    failed = [o for o in load.outcomes if not o.ok]
+    said = restarted.stdout.strip().replace("\n", "; ")
+    print(f"\nrestart of {name}: {said}; {len(load.outcomes)} requests meanwhile, {len(failed)} failed")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert f"==> {name}: drain, restart on {fleet_archive}, probe, back in rotation" in restarted.stdout
+    assert f"{name} serves {fleet_archive} again: out of rotation" in restarted.stdout, restarted.stdout
+    assert load.outcomes and not failed, failed[:3]
+    assert not wrong_answers(load.outcomes, answers_alone)
+    assert java_alive(replica.java_pid) and replica.java_pid != dead_java
+    assert psutil.Process(replica.java_pid).name() == "java"
+    assert read_state(fleet.root)["replicas"][index]["pid"] == replica.java_pid
+    assert fleet.servers()[name]["status"] == "UP"
+    answer = requests.post(f"{replica.inference_url}/predictions/bert", data=TEXTS[1].encode(), timeout=30)
+    assert answer.status_code == 200 and answer.json()["label"] == answers_alone[TEXTS[1]]["label"], answer.text
+    assert answer.json()["score"] == pytest.approx(answers_alone[TEXTS[1]]["score"], abs=1e-4)
+    if replica.cores:  # on its own cores again, as `up` started it
+        assert sorted(os.sched_getaffinity(replica.java_pid)) == replica.cores
+    wait_for(lambda: fleet_cli(fleet.root, "status").returncode == 0, 30, "`status` to find every replica well")
 
 
 # ---- rolling onto another archive ------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What a fleet roll decides before it touches anything, and the process and state helpers it stands on.
+"""What a fleet roll (and a one-replica restart) decides before it touches anything, and the process and state
+helpers it stands on.
 
 The roll itself, through real TorchServe replicas, HAProxy and Prometheus, is in tests/e2e/test_fleet.py;
 here are the refusals and the selection, on a fleet object with no process (HAProxy's view given), the
@@ -26,7 +27,7 @@ from tests.deploy.manifests import fake_archive
 from tests.support import answering_every_call, require_system_packages, serving_http, wait_until
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import check_current, only_roll, replicas_to_move, roll
+from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
 from tooling.paths import REPO
 from tooling.processes import wait_ended
 
@@ -81,8 +82,14 @@ def test_a_replica_out_of_rotation_moves_first_or_is_refused_and_a_missing_archi
     assert replicas_to_move(fleet, "new.mar") == [1, 0], "the replica already out goes first: nothing more is out"
     fleet.replicas[1].archive = "new.mar"
     fleet.replicas[1].archive_stamp = file_stamp(fleet.spec.model_store / "new.mar")
-    with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation"):
-        replicas_to_move(fleet, "new.mar")  # r0 would be taken out with r1 still out
+    # r0 would be taken out with r1 still out. DOWN: HAProxy's checks find its TorchServe not answering, and only a
+    # restart brings it back (`ready` would leave it DOWN); drained, `ready` does.
+    down = r"r1: on new\.mar already, but not in rotation \(r1: DOWN, its TorchServe does not answer HAProxy's checks\)"
+    with pytest.raises(FleetError, match=down + r".*bring them back first \(`restart r1`\)$"):
+        replicas_to_move(fleet, "new.mar")
+    fleet.servers = lambda: {"r0": {"status": "UP"}, "r1": {"status": "DRAIN"}}
+    with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation: .*first \(`ready r1`\)$"):
+        replicas_to_move(fleet, "new.mar")
 
 
 class StandInFleet(Fleet):
@@ -200,7 +207,7 @@ def test_an_abort_mid_replica_is_not_rolled_back_and_says_where_it_stood(fleet, 
     assert said[-1].startswith("    aborted at r1: it may be stopped, or still loading"), said
     assert said[-1].endswith("`ready r1` puts it back; stopped, the same `roll` again moves it first"), said
     assert stand_in.states["r1"] == "DRAIN"
-    with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation.*`ready`"):
+    with pytest.raises(FleetError, match=r"r1: on new\.mar already, but not in rotation.*`ready r1`"):
         replicas_to_move(stand_in, "new.mar")
     stand_in.set_server_state("r1", "ready")
     assert replicas_to_move(stand_in, "new.mar") == []
@@ -588,6 +595,64 @@ def test_a_replica_that_fails_the_probe_and_then_the_roll_back_too_is_named_with
     assert stand_in.states == {"r0": "DRAIN", "r1": "UP"}
 
 
+def test_restart_starts_a_replica_whose_torchserve_died_again_on_the_archive_it_runs(fleet, probe_url):
+    """What a roll cannot do (it leaves a replica on its archive as it is): r1, DOWN, is drained, restarted on
+    old.mar, probed and put back; r0 is not touched."""
+    stand_in = StandInFleet(fleet, probe_url)
+    stand_in.states["r1"] = "DOWN"  # HAProxy's checks find its TorchServe gone
+    said: list[str] = []
+    step = restart(stand_in, "r1", b"probe", say=said.append)
+    assert stand_in.restarts == [("r1", "old.mar")] and stand_in.stops == ["r1"]
+    assert stand_in.states == {"r0": "UP", "r1": "UP"} and step.replica == "r1"
+    assert said[0] == "==> r1: drain, restart on old.mar, probe, back in rotation", said
+    assert said[1].startswith("    r1 serves old.mar again: out of rotation "), said
+    assert [r["archive"] for r in json.loads(stand_in.state_file.read_text())["replicas"]] == ["old.mar"] * 2
+    restart(stand_in, "r0", b"probe", say=said.append)  # a replica that is well, the other in rotation meanwhile
+    assert stand_in.restarts == [("r1", "old.mar"), ("r0", "old.mar")] and stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
+def test_a_restart_aborted_says_where_it_stood(fleet, probe_url):
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "old.mar"): KeyboardInterrupt()})
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        restart(stand_in, "r1", b"probe", say=said.append)
+    assert said[-1].startswith("    aborted at r1: it may be stopped, or still loading"), said
+    assert said[-1].endswith("`ready r1` puts it back; stopped, `restart r1` again starts it"), said
+
+
+def test_restart_refuses_what_it_cannot_do_safely_before_touching_anything(fleet, probe_url):
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.states["r1"] = "DOWN"
+    with pytest.raises(FleetError, match="surge is the surge slot, the roll's alone"):
+        restart(stand_in, SURGE, b"probe")
+    with pytest.raises(FleetError, match=r"no replica r9 in this fleet \(it has r0, r1; `status` lists them\)"):
+        restart(stand_in, "r9", b"probe")
+    # r0 serves alone: restarting it would fail every request meanwhile (r1 first).
+    with pytest.raises(FleetError, match="r0 is the only replica in rotation: restarting it would fail every"):
+        restart(stand_in, "r0", b"probe")
+    os.utime(fleet.spec.model_store / "old.mar", ns=(1, 1))  # rebuilt in place since r1 loaded it
+    with pytest.raises(FleetError, match=r"r1 runs old\.mar, and that file changed since r1 loaded it: restarted"):
+        restart(stand_in, "r1", b"probe")
+    stand_in.replicas[1].archive_stamp = None  # a layout.json from an older checkout
+    with pytest.raises(FleetError, match="r1 was started before archives were stamped"):
+        restart(stand_in, "r1", b"probe")
+    assert stand_in.restarts == [] and stand_in.states == {"r0": "UP", "r1": "DOWN", SURGE: "MAINT"}
+    with only_roll(stand_in.dir), pytest.raises(FleetError, match="another roll of this fleet is running"):
+        restart(stand_in, "r1", b"probe")
+
+
+def test_a_restart_that_cannot_load_leaves_the_replica_out_of_rotation_and_names_its_logs(fleet, probe_url):
+    cannot = FleetError("replica r1 cannot load old.mar: OSError: No space left on device")
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "old.mar"): cannot})
+    stand_in.states["r1"] = "DOWN"
+    with pytest.raises(FleetError) as failed:
+        restart(stand_in, "r1", b"probe", say=print)
+    said = str(failed.value)
+    assert said.startswith("r1 could not be restarted on old.mar: replica r1 cannot load old.mar: OSError"), said
+    assert said.endswith(f"It is out of rotation; its logs are under {fleet.replicas[1].workdir / 'logs'}"), said
+    assert stand_in.states == {"r0": "UP", "r1": "DRAIN"}
+
+
 def _lock_held_unrecorded(fleet_dir) -> subprocess.Popen:
     """A process that holds the roll lock without naming itself in it (as a child that inherited a roll's lock
     would); it says `held` once it does."""
@@ -754,7 +819,8 @@ def test_ready_of_a_replica_whose_torchserve_is_gone_says_it_stays_down(fleet):
         wait_until(lambda: _answers(lambda: fleet.servers()["r0"]["status"].startswith("DOWN")), 30, "r0 DOWN")
         readied = fleet_command(fleet.root, "ready", "r0")
         assert readied.returncode == 1, readied
-        assert "HAProxy's health checks find r0 DOWN" in readied.stderr and "`down` then `up`" in readied.stderr
+        assert "HAProxy's health checks find r0 DOWN" in readied.stderr, readied.stderr
+        assert f"scripts.fleet --root {fleet.root} restart r0 starts it again" in readied.stderr, readied.stderr
     finally:
         fleet.down()
 
