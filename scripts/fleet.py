@@ -107,10 +107,16 @@ def status(args: argparse.Namespace) -> int:
     # Drained or in maintenance is the operator's doing; DOWN is a replica HAProxy's checks find not answering.
     dead = [name for name, row in servers.items() if row["status"].startswith("DOWN")]
     for name in dead:
+        # The surge slot is the roll's alone (`restart` refuses it): a roll stops a surge that died, and starts anew.
+        again = (
+            "the next `roll`, or `down`, stops it"
+            if name == SURGE
+            else f"{fleet_command(args, f'restart {name}')} starts it again"
+        )
         print(f"fleet: {name} is DOWN: its TorchServe does not answer (logs under {args.root / 'fleet' / name}); "
-              f"{fleet_command(args, f'restart {name}')} starts it again", file=sys.stderr)  # fmt: skip
+              f"{again}", file=sys.stderr)  # fmt: skip
     unscraped = [target["scrapeUrl"] for target in targets if target["health"] == "down"]
-    if unscraped and not dead:
+    if unscraped:  # BertReplicaDown's cause, which HAProxy's view may not show (a metrics port alone gone)
         print(f"fleet: Prometheus cannot scrape {', '.join(unscraped)}", file=sys.stderr)
     return 1 if dead or unscraped else 0
 

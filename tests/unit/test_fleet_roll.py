@@ -826,6 +826,41 @@ def test_ready_of_a_replica_whose_torchserve_is_gone_says_it_stays_down(fleet):
 
 
 @needs_system_packages
+def test_status_names_each_replica_down_with_what_starts_it_again_and_exits_1(fleet):
+    """r0's TorchServe gone, and the surge too (left in rotation by an aborted roll): `status` exits 1 naming each,
+    r0 with its `restart`, the surge with the roll (`restart` refuses the slot); Prometheus's targets by replica.
+    A real HAProxy; Prometheus a stand-in answering its targets API."""
+    from tooling.torchserve import free_port
+
+    fleet.replicas = fleet.replicas[:1]
+    del fleet.servers  # HAProxy's own view
+    nothing = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the replica's TorchServe is gone
+    fleet.replicas[0].addresses = {f"{api}_address": nothing for api in ("inference", "management", "metrics")}
+    fleet.surge = Replica(SURGE, fleet.root / "fleet" / SURGE, dict(fleet.replicas[0].addresses), None, "old.mar")
+    target = {"labels": {"job": "torchserve", "replica": "r0"}, "scrapeUrl": f"{nothing}/metrics", "health": "down"}
+    targets = json.dumps({"status": "success", "data": {"activeTargets": [target]}}).encode()
+    fleet.dir.mkdir(parents=True)
+    with serving_http(answering_every_call(body=targets)) as prometheus:
+        fleet.prometheus_port = int(prometheus.rsplit(":", 1)[1])
+        try:
+            fleet._start_haproxy()
+            wait_until(lambda: _answers(lambda: SURGE in fleet.servers()), 30, "HAProxy's admin socket")
+            fleet.set_server_state(SURGE, "ready")  # what a roll does once the surge answers
+            down = lambda: all(fleet.servers()[name]["status"].startswith("DOWN") for name in ("r0", SURGE))  # noqa: E731
+            wait_until(lambda: _answers(down), 30, "r0 and the surge DOWN")
+            shown = fleet_command(fleet.root, "status")
+        finally:
+            fleet.down()
+    assert shown.returncode == 1, shown
+    assert f"prometheus: torchserve r0 {nothing}/metrics down" in shown.stdout, shown.stdout
+    said = shown.stderr.splitlines()
+    assert said[0].startswith(f"fleet: r0 is DOWN: its TorchServe does not answer (logs under {fleet.root}/fleet/r0)")
+    assert said[0].endswith(f"scripts.fleet --root {fleet.root} restart r0 starts it again"), said
+    assert said[1].startswith(f"fleet: {SURGE} is DOWN") and said[1].endswith("the next `roll`, or `down`, stops it")
+    assert said[2:] == [f"fleet: Prometheus cannot scrape {nothing}/metrics"], said
+
+
+@needs_system_packages
 def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the_store_is_refused(fronted, tmp_path):
     outside = fake_archive(tmp_path / "elsewhere.mar")
     refused = fleet_command(fronted.root, "roll", str(outside))
