@@ -79,6 +79,7 @@ Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas
   curl -H "Content-Type: application/json" -d '{SAMPLE}' {fleet.front_url}/predictions/bert
 Prometheus: {fleet.prometheus_url}   HAProxy stats: {fleet.haproxy_metrics_url}/stats
 Drain a replica: {fleet_command(args, "drain r0")}   (back: ... ready r0)
+Health: {fleet_command(args, "status")}   (exit 1 names a replica DOWN; start it again: ... restart r0)
 Stop: {fleet_command(args, "down")}""")
     return 0
 
