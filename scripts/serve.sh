@@ -37,8 +37,10 @@ if [ "${MODEL_NAME:-bert}" != bert ] && [ ! -f "model_store/${MODEL_NAME}.mar" ]
   exit 1
 fi
 
-# Serving needs none of the test and bench extras (scripts/setup.sh, SETUP_EXTRAS).
-SETUP_EXTRAS=${SETUP_EXTRAS-} scripts/setup.sh
+# Serving needs none of the test and bench extras (scripts/setup.sh, SETUP_EXTRAS), nor the demo when another model
+# is served (SETUP_DEMO).
+SETUP_DEMO=${SETUP_DEMO:-$([ "${MODEL_NAME:-bert}" = bert ] && echo 1 || echo 0)} SETUP_EXTRAS=${SETUP_EXTRAS-} \
+  scripts/setup.sh
 source scripts/runtime_env.sh
 eval "$(.venv/bin/python scripts/detect_device.py)"
 if [ "$DEVICE" = gpu ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up: .venv at the repo root, the project and its dependencies, the
-# demo model (build/demo-model) and its archive (model_store/bert.mar). A second run
+# demo model (build/demo-model) and its archive (model_store/bert.mar; SETUP_DEMO=0: neither). A second run
 # skips every step whose output is already current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +97,14 @@ if [ ! -f "$stamp" ] || [ -n "$missing_extras" ]; then
   .venv/bin/python -m pip install --quiet --constraint "$constraints" ".${EXTRAS:+[$EXTRAS]}"
   rm -f .venv/.installed-*
   echo "$EXTRAS" >"$stamp"
+fi
+
+# SETUP_DEMO=0: no demo model and no demo archive, for a host that serves an archive of its own (serve.sh with another
+# MODEL_NAME sets it): the demo's training and archiving take a minute or more that nothing there uses. The tests
+# need the demo: scripts/test.sh builds it whatever the environment says.
+if [ "${SETUP_DEMO:-1}" = 0 ]; then
+  echo "==> demo model: not built (SETUP_DEMO=0)"
+  exit 0
 fi
 
 echo "==> demo model"

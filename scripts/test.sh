@@ -5,5 +5,5 @@
 # `scripts/test.sh -n 0` runs it in one. Their OpenMP pools wait without spinning (tests/conftest.py says why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+SETUP_DEMO=1 scripts/setup.sh  # the tests need the demo model and its archive
 exec .venv/bin/python -m pytest --numprocesses 2 --dist loadfile "$@"

@@ -84,7 +84,9 @@ def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
     (checkout / "model_store").mkdir()
     shutil.copy(archive, checkout / "model_store" / archive.name)
     setup = checkout / "scripts" / "setup.sh"
-    setup.write_text("#!/usr/bin/env bash\n# Not under test here: the repository's .venv and the test's archive.\n")
+    # Not under test here (the repository's .venv and the test's archive): it only records whether it was asked for
+    # the demo (SETUP_DEMO).
+    setup.write_text('#!/usr/bin/env bash\necho "${SETUP_DEMO-unset}" >"$(dirname "$0")/../setup-demo"\n')
     setup.chmod(0o755)
     ports = {key: free_port() for key in ADDRESS_KEYS}
     config = SERVER_CONFIG.read_text()
@@ -124,6 +126,7 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         "TS_OPEN_INFERENCE_PROTOCOL": "oip",
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)  # TorchServe would read it instead of asking nvidia-smi
+    env.pop("SETUP_DEMO", None)  # serve.sh decides it (a test below)
     script = subprocess.Popen(
         ["bash", "scripts/serve.sh"], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -282,12 +285,13 @@ def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     try:
         (tmpdir / ".model_server.pid").write_text(str(server.pid))
         run = subprocess.run(
-            ["bash", "scripts/serve.sh"], cwd=checkout, env={**os.environ, "BERT_DEVICE": "cpu", "WORKERS": "1"},
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+            ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=120,
         )  # fmt: skip
     finally:
         server.kill()
         server.wait()
+    assert (checkout / "setup-demo").read_text() == "1\n", "serving the demo (bert), the set-up must build it"
     assert run.returncode == 1, run.stdout
     assert "torchserve --start failed; the end of logs/console.log:" in run.stderr, run.stderr
     assert "TorchServe is already running" in run.stderr and "scripts/stop.sh" in run.stderr, run.stderr
@@ -323,6 +327,17 @@ def test_serve_sh_for_another_model_says_its_queue_follows_the_demos_rate_unless
     of the user's would outrun: serve.sh says so and names the knob."""
     assert f"is the demo archive's measured rate on this host, not {MODEL}'s" in served.output, served.output
     assert "set THROUGHPUT_RPS" in served.output
+
+
+def test_serve_sh_for_another_model_asks_the_set_up_for_no_demo(served):
+    """The demo's training and archiving (a minute or more) serve nothing when another model is served: serve.sh
+    runs the set-up with SETUP_DEMO=0 (tests/unit/test_setup_sh.py: what that skips). The demo's case: above."""
+    assert (served.checkout / "setup-demo").read_text() == "0\n"
+
+
+def without_setup_demo() -> dict[str, str]:
+    """This environment without SETUP_DEMO, which serve.sh decides when it is not given."""
+    return {name: value for name, value in os.environ.items() if name != "SETUP_DEMO"}
 
 
 def test_serve_sh_for_an_archive_not_in_the_store_says_how_to_make_it_before_anything_runs(tmp_path):

@@ -74,7 +74,7 @@ def checkout(tmp_path) -> Path:
 def setup(checkout: Path, **variables: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": str(checkout.parent / "bin" / "python"), "LOG": str(checkout.parent / "calls.log"),
            "BERT_DEVICE": "cpu", **variables}  # fmt: skip
-    for name in ("TORCH_SPEC", "SETUP_EXTRAS", "VENV_FAILS", "ARCHIVE_FAILS", "SITE_FAILS"):
+    for name in ("TORCH_SPEC", "SETUP_EXTRAS", "SETUP_DEMO", "VENV_FAILS", "ARCHIVE_FAILS", "SITE_FAILS"):
         if name not in variables:
             env.pop(name, None)
     return subprocess.run(
@@ -147,6 +147,37 @@ def test_a_gpu_host_archives_the_demo_for_pytorch_with_cuda_graphs_and_a_change_
     stamp.write_text("gpu --backend pytorch\n")
     assert "==> archiving model_store/bert.mar" in setup(checkout, BERT_DEVICE="gpu").stdout
     assert len(archivings(checkout)) == 3
+
+
+def test_setup_demo_0_trains_and_archives_no_demo_and_the_default_does(checkout):
+    """What serve.sh asks when it serves another model: the set-up without the demo's training and archiving."""
+    without = setup(checkout, SETUP_DEMO="0")
+    assert without.returncode == 0, without.stdout + without.stderr
+    assert without.stdout.rstrip().endswith("==> demo model: not built (SETUP_DEMO=0)"), without.stdout
+    assert not [line for line in calls(checkout) if "build_demo_model" in line] and archivings(checkout) == []
+    assert not (checkout / "model_store" / "bert.mar").exists()
+    assert setup(checkout).returncode == 0
+    assert "venv-python -m scripts.build_demo_model" in calls(checkout)
+    assert archivings(checkout) == ["--backend onnx --handler-option cpu_threads=1"]
+
+
+def test_the_test_command_builds_the_demo_whatever_the_environment_says(tmp_path):
+    """scripts/test.sh (README command 2) sets SETUP_DEMO=1: the tests need the demo, even where a user exported 0."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "test.sh", checkout / "scripts" / "test.sh")
+    stand_ins = {"scripts/setup.sh": 'echo "setup SETUP_DEMO=$SETUP_DEMO"', ".venv/bin/python": 'echo "python $*"'}
+    for name, says in stand_ins.items():
+        (checkout / name).write_text(f"#!/bin/sh\n{says}\n")
+        (checkout / name).chmod(0o755)
+    run = subprocess.run(["bash", "scripts/test.sh", "-k", "nothing"], cwd=checkout, capture_output=True, text=True,
+                         env={**os.environ, "SETUP_DEMO": "0"}, timeout=30)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == [
+        "setup SETUP_DEMO=1",
+        "python -m pytest --numprocesses 2 --dist loadfile -k nothing",
+    ], run.stdout
 
 
 def test_byte_code_does_not_rebuild_the_archive_and_an_interrupted_rebuild_is_not_trusted(checkout):
