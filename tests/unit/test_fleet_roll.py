@@ -10,6 +10,7 @@ and the command line against a real HAProxy in front of a loopback server standi
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -437,9 +438,11 @@ def test_the_command_line_names_a_fleet_it_cannot_reach_instead_of_a_traceback(t
     assert "gone.sock" in done.stderr and "is the fleet up?" in done.stderr, done.stderr
 
 
-def _stand_in_roll(fleet_dir, handlers: str) -> subprocess.Popen:
+@contextlib.contextmanager
+def _stand_in_roll(fleet_dir, handlers: str) -> Iterator[subprocess.Popen]:
     """A process that holds the roll lock as `scripts.fleet roll` does, with `handlers` for its signals; it says
-    `rolling` once it holds the lock."""
+    `rolling` once it holds the lock. Killed, its pipe closed and reaped at the end of the block, however it ends
+    (a pipe left open is a ResourceWarning in whichever later test collects it)."""
     code = (
         "import sys, threading, time\n"
         "from pathlib import Path\n"
@@ -449,11 +452,14 @@ def _stand_in_roll(fleet_dir, handlers: str) -> subprocess.Popen:
         "    print('rolling', flush=True)\n"
         "    time.sleep(60)\n"
     )
-    rolling = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", code, str(fleet_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    assert rolling.stdout.readline().strip() == "rolling"
-    return rolling
+    ) as rolling:
+        try:
+            assert rolling.stdout.readline().strip() == "rolling"
+            yield rolling
+        finally:
+            rolling.kill()  # what the test did not end; Popen's exit closes the pipe and reaps it
 
 
 def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_lock_meanwhile(tmp_path):
@@ -464,10 +470,8 @@ def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_
 
     # It goes on for a while after it lets the lock go, as a roll's restart thread can: down waits for its end.
     lingers = "import atexit\natexit.register(time.sleep, 1.5)"
-    rolling = _stand_in_roll(
-        tmp_path, f"from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())\n{lingers}"
-    )
-    try:
+    handlers = f"from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())\n{lingers}"
+    with _stand_in_roll(tmp_path, handlers) as rolling:
         with pytest.raises(FleetError), only_roll(tmp_path):  # a second roll, refused, leaves the record whole
             pass
         with roll_stopped(tmp_path, timeout=30) as holder:
@@ -477,9 +481,6 @@ def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_
             assert "finishing the replica in hand" in rolling.stdout.read()  # the first was heard
             with pytest.raises(FleetError, match="another roll of this fleet is running"), only_roll(tmp_path):
                 pass
-    finally:
-        rolling.kill()
-        rolling.wait()
     with roll_stopped(tmp_path) as holder:  # no roll now
         assert holder is None
     with roll_stopped(tmp_path / "no-fleet") as holder:  # no fleet: nothing to wait for, nothing created
@@ -489,14 +490,10 @@ def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_
 def test_down_kills_a_roll_that_does_not_stop_when_asked(tmp_path):
     from tooling.fleet_roll import roll_stopped
 
-    rolling = _stand_in_roll(tmp_path, "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)")
-    try:
-        with roll_stopped(tmp_path, timeout=3) as holder:
-            assert holder is not None and holder["pid"] == rolling.pid
-            assert rolling.wait(timeout=5) == -9
-    finally:
-        rolling.kill()
-        rolling.wait()
+    ignoring = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    with _stand_in_roll(tmp_path, ignoring) as rolling, roll_stopped(tmp_path, timeout=3) as holder:
+        assert holder is not None and holder["pid"] == rolling.pid
+        assert rolling.wait(timeout=5) == -9
 
 
 # ---- the roll's own refusals and roll backs ---------------------------------------------------------------------
@@ -653,9 +650,10 @@ def test_a_restart_that_cannot_load_leaves_the_replica_out_of_rotation_and_names
     assert stand_in.states == {"r0": "UP", "r1": "DRAIN"}
 
 
-def _lock_held_unrecorded(fleet_dir) -> subprocess.Popen:
+@contextlib.contextmanager
+def _lock_held_unrecorded(fleet_dir) -> Iterator[subprocess.Popen]:
     """A process that holds the roll lock without naming itself in it (as a child that inherited a roll's lock
-    would); it says `held` once it does."""
+    would), for the block; killed, its pipe closed and reaped at its end."""
     code = (
         "import fcntl, sys, time\n"
         "lock = open(sys.argv[1], 'a+')\n"
@@ -663,24 +661,23 @@ def _lock_held_unrecorded(fleet_dir) -> subprocess.Popen:
         "print('held', flush=True)\n"
         "time.sleep(60)\n"
     )
-    holding = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", code, str(fleet_dir / "roll.lock")], stdout=subprocess.PIPE, text=True
-    )
-    assert holding.stdout.readline().strip() == "held"
-    return holding
+    ) as holding:
+        try:
+            assert holding.stdout.readline().strip() == "held"
+            yield holding
+        finally:
+            holding.kill()
 
 
 def test_down_gives_up_on_a_roll_lock_it_cannot_free_and_stops_nothing(tmp_path):
     from tooling.fleet_roll import roll_stopped
 
-    holding = _lock_held_unrecorded(tmp_path)
-    try:
+    with _lock_held_unrecorded(tmp_path) as holding:
         with pytest.raises(FleetError, match=r"did not stop within 1s: nothing stopped"), roll_stopped(tmp_path, 1):
             pytest.fail("down went on while the lock was held")
         assert holding.poll() is None, "a process the lock does not name was signalled"
-    finally:
-        holding.kill()
-        holding.wait()
 
 
 def test_a_roll_cannot_stop_itself_as_down_would(tmp_path):
@@ -916,31 +913,30 @@ def test_a_prometheus_answer_that_is_not_a_success_is_a_fleet_error(fleet):
 def test_a_second_ctrl_c_aborts_a_roll_and_the_command_line_exits_130_without_a_traceback(tmp_path):
     """The first Ctrl-C asks the roll to finish the replica in hand, the second aborts it (KeyboardInterrupt); the
     command line, interrupted, exits 130 quietly (here `down`, waiting on a roll lock it cannot free)."""
-    rolling = _stand_in_roll(tmp_path, "from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())")
-    try:
+    with _stand_in_roll(
+        tmp_path, "from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())"
+    ) as rolling:
         rolling.send_signal(signal.SIGINT)
         assert "finishing the replica in hand" in rolling.stdout.readline()
         rolling.send_signal(signal.SIGINT)
         assert rolling.wait(timeout=10) == -signal.SIGINT  # died of an uncaught KeyboardInterrupt
-    finally:
-        rolling.kill()
-        rolling.wait()
 
     (tmp_path / "fleet").mkdir()
-    holding = _lock_held_unrecorded(tmp_path / "fleet")
     command = [sys.executable, "-m", "scripts.fleet", "--root", str(tmp_path), "down"]
-    down = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lock = str(tmp_path / "fleet" / "roll.lock")
-        wait_until(lambda: any(f.path == lock for f in psutil.Process(down.pid).open_files()), 30, "down at the lock")
-        down.send_signal(signal.SIGINT)
-        out, err = down.communicate(timeout=10)
-        assert down.returncode == 130 and "Traceback" not in err, (out, err)
-    finally:
-        down.kill()
-        down.wait()
-        holding.kill()
-        holding.wait()
+    with (
+        _lock_held_unrecorded(tmp_path / "fleet"),
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as down,
+    ):
+        try:
+            lock = str(tmp_path / "fleet" / "roll.lock")
+            wait_until(lambda: any(f.path == lock for f in psutil.Process(down.pid).open_files()), 30, "down at lock")
+            down.send_signal(signal.SIGINT)
+            # Past `down`'s own 30 s wait for the lock: an interrupt it missed shows as that refusal (exit 1, its
+            # message), not as a time-out of this test (a full run on 2 cores once saw no exit within 10 s).
+            out, err = down.communicate(timeout=60)
+        finally:
+            down.kill()  # what the test did not end; Popen's exit closes the pipes and reaps it
+    assert down.returncode == 130 and "Traceback" not in err, (down.returncode, out, err)
 
 
 def test_the_commands_a_fleet_prints_name_its_root_where_it_is_not_the_default(tmp_path):
