@@ -5,6 +5,7 @@
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
+    .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -14,7 +15,8 @@ writes logs/fleet.json, and returns once every replica is ready and every scrape
 cannot serve stops the roll with nothing touched), then drains one replica at a time, restarts it on
 the archive, probes it and puts it back, failing no request; a replica that cannot serve the archive
 rolls every replica back; the surge replica is stopped at the end (tooling/fleet_roll.py).
-`restart` is one such step onto the archive the replica runs. `status` exits 1 while a replica is DOWN.
+`restart` is one such step onto the archive the replica runs (`--all`: every replica, as a roll onto the fleet's
+archive that moves each one). `status` exits 1 while a replica is DOWN.
 Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
 """
 
@@ -170,20 +172,36 @@ def roll_archive(args: argparse.Namespace) -> int:
     store = fleet.spec.model_store.resolve()
     if len(archive.parts) > 1 and archive.resolve().parent != store:
         raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
+    return rolled(fleet, archive.name, args)
+
+
+def rolled(fleet: Fleet, archive: str, args: argparse.Namespace, every: bool = False) -> int:
+    """`roll` onto `archive` as the command line runs it (`every`: `restart --all`), and its exit status."""
     stop = threading.Event()
     stop_on_signals(stop)
-    steps = roll(fleet, archive.name, args.probe.read_bytes(), stop=stop, surge=not args.no_surge)
-    if stop.is_set() and any(replica.archive != archive.name for replica in fleet.replicas):
+    steps = roll(fleet, archive, args.probe.read_bytes(), stop=stop, surge=not args.no_surge, every=every)
+    # Stopped before the last replica: some run another archive, or (a rolling restart) were not restarted.
+    unfinished = len(steps) < len(fleet.replicas) if every else any(r.archive != archive for r in fleet.replicas)
+    if stop.is_set() and unfinished:
         return 1
     if not steps:  # nothing moved: the roll said every replica already serves it
         return 0
     slowest = max(step.seconds for step in steps)
-    print(f"Every replica serves {archive.name} (each out of rotation at most {slowest:.1f} s)")
+    done = f"Every replica restarted on {archive}" if every else f"Every replica serves {archive}"
+    print(f"{done} (each out of rotation at most {slowest:.1f} s)")
     return 0
 
 
 def restart_replica(args: argparse.Namespace) -> int:
+    if (args.replica is None) == (not args.all):
+        raise FleetError("restart takes one replica (r0, r1, ...) or --all")
     fleet = Fleet.attach(args.root)
+    if args.all:
+        archives = {replica.archive for replica in fleet.replicas}
+        if len(archives) > 1:
+            runs = ", ".join(f"{replica.name} {replica.archive}" for replica in fleet.replicas)
+            raise FleetError(f"the replicas run different archives ({runs}): finish the roll first (`roll`)")
+        return rolled(fleet, archives.pop(), args, every=True)
     # No stop-between-steps here (there is one step): the first Ctrl-C aborts, saying where it stood.
     restart(fleet, args.replica, args.probe.read_bytes())
     return 0
@@ -234,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     again = commands.add_parser(
         "restart", help="start a replica again on the archive it runs (drain, restart, probe, back in rotation)"
     )
-    again.add_argument("replica", help="r0, r1, ...")
+    again.add_argument("replica", nargs="?", help="r0, r1, ...")
+    again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
+    again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")
     commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
     commands.add_parser("down", help="stop the fleet")
     for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):

@@ -153,9 +153,9 @@ def check_current(fleet: Fleet) -> None:
         raise FleetError("the fleet changed since it was read (another roll ended meanwhile?): run the roll again")
 
 
-def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
-    """The replicas a roll onto `archive` moves, in order; FleetError for a roll that could fail a request or
-    could not be rolled back, before anything is touched."""
+def replicas_to_move(fleet: Fleet, archive: str, every: bool = False) -> list[int]:
+    """The replicas a roll onto `archive` moves, in order (`every`: all of them, those already on it too); FleetError
+    for a roll that could fail a request or could not be rolled back, before anything is touched."""
     path = fleet.spec.model_store / archive
     if not path.is_file():
         raise FleetError(f"no {archive} in the fleet's model store {fleet.spec.model_store}: copy it there")
@@ -182,7 +182,7 @@ def replicas_to_move(fleet: Fleet, archive: str) -> list[int]:
             f"from which HAProxy's `timeout server` ({fleet.timeout_server} s) is set: HAProxy would cut its "
             "slow batches short. Serve it on a new fleet (`down`, then `up --archive`)"
         )
-    moving = [index for index, replica in enumerate(fleet.replicas) if replica.archive != archive]
+    moving = [index for index, replica in enumerate(fleet.replicas) if every or replica.archive != archive]
     names = [replica.name for replica in fleet.replicas]
     with contextlib.suppress(FleetError):
         wait_for(lambda: all(fleet.servers()[name]["status"] == "UP" for name in names), ALL_UP_WAIT_S, "all UP")
@@ -331,11 +331,13 @@ def roll(
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
     surge: bool = True,
+    every: bool = False,
 ) -> list[Step]:
     """Serve `archive` (a file name in the fleet's model store) on every replica of `fleet`, one at a time,
     with the surge replica in rotation meanwhile (`surge`, where the fleet has the slot).
 
-    Replicas that already run it are left as they are. FleetError if it cannot: nothing was touched (a
+    Replicas that already run it are left as they are, unless `every` (a rolling restart: each replica started
+    again, the same way, on the archive it runs). FleetError if it cannot: nothing was touched (a
     refused roll, or an archive the surge replica cannot serve), or every replica it moved is back on the
     archive it ran (a rolled-back one), as the message says. `stop` set: the replica in hand is finished,
     and the roll ends before the next one (the steps taken are returned). An abort (KeyboardInterrupt,
@@ -344,7 +346,7 @@ def roll(
     """
     with only_roll(fleet.dir):
         check_current(fleet)
-        moving = replicas_to_move(fleet, archive)
+        moving = replicas_to_move(fleet, archive, every)
         stamp = file_stamp(fleet.spec.model_store / archive)
         surging = surge and fleet.surge is not None and bool(moving) and not (stop is not None and stop.is_set())
         problem = None  # what went wrong retiring the surge replica, said at the end

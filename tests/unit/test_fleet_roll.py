@@ -236,6 +236,22 @@ def test_the_surge_replica_serves_the_archive_through_the_roll_and_is_retired_at
     assert [r.archive for r in stand_in.replicas] == ["new.mar"] * 2 and stand_in.spec.archive == "new.mar"
 
 
+def test_a_rolling_restart_restarts_every_replica_on_the_archive_it_runs_a_dead_one_first(
+    fleet, probe_url, monkeypatch
+):
+    """`restart --all`: a roll onto the archive every replica runs that moves each one anyway, the surge in rotation
+    meanwhile; a replica already DOWN goes first (a plain roll onto that archive moves none, and refuses a DOWN one)."""
+    monkeypatch.setattr("tooling.fleet_roll.ALL_UP_WAIT_S", 0.2)  # r1 stays DOWN: no grace to wait out
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.states["r1"] = "DOWN"
+    assert replicas_to_move(stand_in, "old.mar", every=True) == [1, 0]
+    steps = roll(stand_in, "old.mar", b"probe", say=print, every=True)
+    assert [step.replica for step in steps] == ["r1", "r0"]
+    assert stand_in.restarts == [(SURGE, "old.mar"), ("r1", "old.mar"), ("r0", "old.mar")]
+    assert stand_in.states == {"r0": "UP", "r1": "UP", SURGE: "MAINT"} and stand_in.stops[-1] == SURGE
+    assert roll(stand_in, "old.mar", b"probe", say=print) == [], "without every, a roll onto what runs moves none"
+
+
 def test_an_archive_the_surge_replica_cannot_serve_stops_the_roll_before_any_replica(fleet, probe_url):
     cannot = FleetError("surge's workers could not load new.mar")
     stand_in = StandInFleet(fleet, probe_url, surge=True, failures={(SURGE, "new.mar"): cannot})
@@ -943,6 +959,19 @@ def test_a_second_ctrl_c_aborts_a_roll_and_the_command_line_exits_130_without_a_
         finally:
             down.kill()  # what the test did not end; Popen's exit closes the pipes and reaps it
     assert down.returncode == 130 and "Traceback" not in err, (down.returncode, out, err)
+
+
+def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_fleet_half_rolled(fleet, probe_url):
+    for wrong in (("restart",), ("restart", "r0", "--all")):
+        refused = fleet_command(fleet.root, *wrong)
+        assert refused.returncode == 1, refused
+        assert "fleet: restart takes one replica (r0, r1, ...) or --all" in refused.stderr, refused.stderr
+    stand_in = StandInFleet(fleet, probe_url)
+    stand_in.replicas[1].archive = "new.mar"  # a roll stopped halfway
+    stand_in.save_state()  # the records `restart --all` reads, as `up` and the roll wrote them
+    refused = fleet_command(fleet.root, "restart", "--all")
+    assert refused.returncode == 1, refused
+    assert "run different archives (r0 old.mar, r1 new.mar): finish the roll first" in refused.stderr, refused.stderr
 
 
 def test_the_commands_a_fleet_prints_name_its_root_where_it_is_not_the_default(tmp_path):
