@@ -974,6 +974,34 @@ def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_
     assert "run different archives (r0 old.mar, r1 new.mar): finish the roll first" in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize("interrupted_at, status", [("r0", 1), ("r1", 0)])
+def test_a_rolling_restart_interrupted_ends_between_replicas_and_exits_1_unless_at_the_last(
+    fleet, probe_url, tmp_path, interrupted_at, status
+):
+    """The first Ctrl-C of `restart --all` (scripts.fleet.rolled, its signal handlers) finishes the replica in hand
+    and ends before the next: exit 1 while a replica is left, 0 when the last one was in hand."""
+    import argparse
+
+    from scripts.fleet import rolled
+
+    def ctrl_c(name: str, archive: str) -> None:
+        if name == interrupted_at:
+            os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this thread: the handler sets the roll's stop
+
+    stand_in = StandInFleet(fleet, probe_url, on_restart=ctrl_c)
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        exit_status = rolled(stand_in, "old.mar", argparse.Namespace(probe=probe, no_surge=True), every=True)
+    finally:
+        for sig, handler in handlers.items():  # this process's own, as they were
+            signal.signal(sig, handler)
+    assert exit_status == status
+    assert stand_in.restarts == [("r0", "old.mar"), ("r1", "old.mar")][: 1 if interrupted_at == "r0" else 2]
+    assert stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
 def test_the_commands_a_fleet_prints_name_its_root_where_it_is_not_the_default(tmp_path):
     """`up --root X` printed `... scripts.fleet down` without it: run as printed, `down` looked under logs/, said it
     stopped nothing, and left the fleet running."""
