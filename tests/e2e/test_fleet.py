@@ -698,32 +698,6 @@ def test_a_killed_replica_is_named_by_status_refused_by_a_roll_and_started_again
     wait_for(lambda: fleet_cli(fleet.root, "status").returncode == 0, 30, "`status` to find every replica well")
 
 
-def test_a_rolling_restart_starts_every_replica_again_and_no_request_fails(healthy_fleet, fleet_archive, answers_alone):
-    """`restart --all --no-surge`, from another process under load: each replica in turn is drained, started again
-    on the archive it runs, probed and put back while the other serves; no request fails, each answer is the one for
-    the same text alone, every replica a new Java frontend, recorded in `fleet.json`. (Without the surge, to keep
-    the suite short: the surge's part of a roll is the roll test's below, and the same code.)"""
-    fleet = healthy_fleet
-    java_pids = [replica.java_pid for replica in fleet.replicas]
-    try:
-        with Load(fleet.front_url, request_timeout(fleet)) as load:
-            restarted = fleet_cli(fleet.root, "restart", "--all", "--no-surge")
-    finally:
-        attached = Fleet.attach(fleet.root)  # the command line restarted them: act on its records from now on
-        fleet.replicas[:] = attached.replicas
-    failed = [o for o in load.outcomes if not o.ok]
-    print(f"\nrolling restart: {len(load.outcomes)} requests meanwhile, {len(failed)} failed\n{restarted.stdout}")
-    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
-    said = [line for line in restarted.stdout.splitlines() if line.startswith("==> ")]
-    assert said == [f"==> {r}: drain, restart on {fleet_archive}, probe, back in rotation" for r in ("r0", "r1")]
-    assert restarted.stdout.splitlines()[-1].startswith(f"Every replica restarted on {fleet_archive} (each out of")
-    assert load.outcomes and not failed, failed[:3]
-    assert not wrong_answers(load.outcomes, answers_alone)
-    assert all(java_alive(replica.java_pid) for replica in fleet.replicas)
-    assert not {replica.java_pid for replica in fleet.replicas} & set(java_pids), "a replica was not restarted"
-    assert [row["pid"] for row in read_state(fleet.root)["replicas"]] == [r.java_pid for r in fleet.replicas]
-
-
 # ---- rolling onto another archive ------------------------------------------------------------------------
 
 

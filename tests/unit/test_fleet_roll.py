@@ -974,6 +974,30 @@ def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_
     assert "run different archives (r0 old.mar, r1 new.mar): finish the roll first" in refused.stderr, refused.stderr
 
 
+def test_restart_all_on_the_command_line_restarts_every_replica_on_the_archive_it_runs(fleet, probe_url, tmp_path):
+    """`scripts.fleet restart --all` (its own function, the fleet it attaches a stand-in): a roll with `every`, each
+    replica restarted on old.mar, which a plain roll onto old.mar would leave as they are. The roll's moves through
+    real TorchServe replicas and HAProxy: tests/e2e/test_fleet.py (the roll and the one-replica restart)."""
+    import argparse
+
+    from scripts.fleet import restart_replica
+
+    stand_in = StandInFleet(fleet, probe_url)
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    args = argparse.Namespace(root=fleet.root, replica=None, all=True, probe=probe, no_surge=True)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # it installs its own
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
+            exit_status = restart_replica(args)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert exit_status == 0
+    assert stand_in.restarts == [("r0", "old.mar"), ("r1", "old.mar")] and stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
 @pytest.mark.parametrize("interrupted_at, status", [("r0", 1), ("r1", 0)])
 def test_a_rolling_restart_interrupted_ends_between_replicas_and_exits_1_unless_at_the_last(
     fleet, probe_url, tmp_path, interrupted_at, status
