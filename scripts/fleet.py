@@ -110,18 +110,20 @@ def status(args: argparse.Namespace) -> int:
     # Drained or in maintenance is the operator's doing; DOWN is a replica HAProxy's checks find not answering.
     dead = [name for name, row in servers.items() if row["status"].startswith("DOWN")]
     for name in dead:
-        # The surge slot is the roll's alone (`restart` refuses it): a roll stops a surge that died, and starts anew.
-        again = (
-            "the next `roll`, or `down`, stops it"
-            if name == SURGE
-            else f"{fleet_command(args, f'restart {name}')} starts it again"
-        )
         print(f"fleet: {name} is DOWN: its TorchServe does not answer (logs under {args.root / 'fleet' / name}); "
-              f"{again}", file=sys.stderr)  # fmt: skip
+              f"{starts_again(args, name)}", file=sys.stderr)  # fmt: skip
     unscraped = [target["scrapeUrl"] for target in targets if target["health"] == "down"]
     if unscraped:  # BertReplicaDown's cause, which HAProxy's view may not show (a metrics port alone gone)
         print(f"fleet: Prometheus cannot scrape {', '.join(unscraped)}", file=sys.stderr)
     return 1 if dead or unscraped else 0
+
+
+def starts_again(args: argparse.Namespace, name: str) -> str:
+    """What starts replica `name` again once HAProxy finds it DOWN: its `restart`, or for the surge slot (the roll's
+    alone: `restart` refuses it) what stops it."""
+    if name == SURGE:
+        return "the next `roll`, or `down`, stops it"
+    return f"{fleet_command(args, f'restart {name}')} starts it again"
 
 
 def set_state(args: argparse.Namespace) -> int:
@@ -143,7 +145,7 @@ def set_state(args: argparse.Namespace) -> int:
         # In rotation as far as the command goes, but HAProxy sends it nothing while its checks fail: not a success.
         print(f"fleet: HAProxy's health checks find {args.replica} {health}: its TorchServe does not answer, so it "
               f"gets no requests. Its logs are under {args.root / 'fleet' / args.replica}; "
-              f"{fleet_command(args, f'restart {args.replica}')} starts it again", file=sys.stderr)  # fmt: skip
+              f"{starts_again(args, args.replica)}", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

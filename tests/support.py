@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tooling.paths import REPO
+
 DATA = Path(__file__).resolve().parent / "data"
 TEXT = "text/plain"
 JSON = "application/json"
@@ -281,8 +283,6 @@ def run_transformers_pipeline(checkpoint, inputs: list, **call_options) -> list:
 def worker_ended(script: str, model_dir: Path, texts: list[str]) -> tuple[int, str, list[str]]:
     """Run `script` (a handler serving `model_dir`, given `texts`, in a process of its own, as a TorchServe worker is)
     from the repository root: its exit status, its output, and the CRITICAL lines of its log."""
-    from tooling.paths import REPO
-
     ended = subprocess.run(
         [sys.executable, "-c", script, str(model_dir), json.dumps(texts)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -303,3 +303,9 @@ def listening(processes: Iterable[psutil.Process]) -> dict[int, set[str]]:
                 address = getattr(address, "ipv4_mapped", None) or address
                 sockets.setdefault(connection.laddr.port, set()).add(str(address))
     return sockets
+
+
+def fleet_command(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`scripts.fleet --root ROOT ARGS` in a process of its own, as an operator runs it."""
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import expected_alone, listening, require_system_packages, wait_until
+from tests.support import expected_alone, fleet_command, listening, require_system_packages, wait_until
 from tooling.fleet import SURGE, Fleet, read_state
 from tooling.fleet_config import FleetSpec
 from tooling.fleet_roll import in_flight, roll
@@ -226,12 +226,6 @@ def wait_server_status(fleet: Fleet, name: str, prefix: str, timeout: float) -> 
 # ---- the command ----------------------------------------------------------------------------------------
 
 
-def fleet_cli(root, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`scripts.fleet --root ROOT ARGS` in a process of its own, as an operator runs it."""
-    command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
 def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     fleet_archive, unloadable_archive, next_archive, model_store, tiny_checkpoint, make_archive, tmp_path
 ):
@@ -244,7 +238,8 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
 
     # A budget far above any stall on a shared machine: see the `fleet` fixture.
     budget = ("--latency-budget-ms", "60000")
-    started = fleet_cli(root, "up", "--replicas", "2", "--archive", str(model_store / fleet_archive), *budget)
+    archive = str(model_store / fleet_archive)
+    started = fleet_command(root, "up", "--replicas", "2", "--archive", archive, *budget, timeout=240)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         state = read_state(root)
@@ -255,18 +250,17 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert state["front"] in curl
         answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30)
         assert json.loads(answer.stdout)["label"] in {"negative", "positive"}, answer.stdout + answer.stderr
-        assert fleet_cli(root, "status").returncode == 0
+        assert fleet_command(root, "status", timeout=240).returncode == 0
 
         slower = make_archive(tiny_checkpoint, "fleet-slower")  # the default response timeout, 60 s against 3 s
-        refused = fleet_cli(root, "roll", slower)
+        refused = fleet_command(root, "roll", slower, timeout=240)
         assert refused.returncode == 1 and "HAProxy would cut its slow batches short" in refused.stderr, refused
         assert [r["pid"] for r in read_state(root)["replicas"]] == [r["pid"] for r in state["replicas"]]
 
         processes = root / "fleet" / "processes.json"
         groups = [record["pid"] for record in json.loads(processes.read_text())["replicas"]]
-        command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), "roll", unloadable_archive]
         with Load(state["front"], timeout=60, clients=4) as load:
-            rolling = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+            rolling = fleet_command(root, "roll", unloadable_archive, timeout=240)
         failed = [o for o in load.outcomes if not o.ok]
         output = rolling.stdout + rolling.stderr
         print(f"\nroll onto an archive that cannot load: {output}{len(load.outcomes)} requests meanwhile")
@@ -276,7 +270,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         assert load.outcomes and not failed, failed[:3]
         assert read_state(root)["replicas"] == state["replicas"], "a replica was touched"
         assert read_state(root)["surge"] is None and not _running_from(root / "fleet" / SURGE), "the surge runs on"
-        assert fleet_cli(root, "status").returncode == 0
+        assert fleet_command(root, "status", timeout=240).returncode == 0
         records = json.loads(processes.read_text())
         pids = [records["haproxy"]["pid"], records["prometheus"]["pid"]]
         groups += [record["pid"] for record in records["replicas"]]  # the same ones: the roll restarted none
@@ -289,7 +283,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
             said.append(rolling.stdout.readline())
         assert said[-1], "".join(said)
     finally:
-        stopped = fleet_cli(root, "down")
+        stopped = fleet_command(root, "down", timeout=240)
     try:
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         said.append(rolling.stdout.read())
@@ -661,18 +655,18 @@ def test_a_killed_replica_is_named_by_status_refused_by_a_roll_and_started_again
     index = next(i for i, replica in enumerate(fleet.replicas) if replica.name == failover_run.killed)
     name, dead_java = fleet.replicas[index].name, fleet.replicas[index].java_pid
     assert fleet.servers()[name]["status"].startswith("DOWN") and not java_alive(dead_java)
-    down = fleet_cli(fleet.root, "status")
+    down = fleet_command(fleet.root, "status", timeout=240)
     assert down.returncode == 1, down.stdout + down.stderr
     assert f"fleet: {name} is DOWN: its TorchServe does not answer" in down.stderr, down.stderr
     assert f"scripts.fleet --root {fleet.root} restart {name} starts it again" in down.stderr, down.stderr
     assert f"prometheus: torchserve {name} http://" in down.stdout, down.stdout  # by replica, not only by URL
-    refused = fleet_cli(fleet.root, "roll", fleet_archive)
+    refused = fleet_command(fleet.root, "roll", fleet_archive, timeout=240)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"({name}: DOWN, its TorchServe does not answer HAProxy's checks)" in refused.stderr, refused.stderr
     assert refused.stderr.rstrip().endswith(f"bring them back first (`restart {name}`)"), refused.stderr
     try:
         with Load(fleet.front_url, request_timeout(fleet)) as load:
-            restarted = fleet_cli(fleet.root, "restart", name)
+            restarted = fleet_command(fleet.root, "restart", name, timeout=240)
     finally:
         # The command line restarted it: this module's fleet must act on its records now, not the dead process's
         # (`restore` would start a second one on the same ports; `down` would miss the new one).
@@ -695,7 +689,8 @@ def test_a_killed_replica_is_named_by_status_refused_by_a_roll_and_started_again
     assert answer.json()["score"] == pytest.approx(answers_alone[TEXTS[1]]["score"], abs=1e-4)
     if replica.cores:  # on its own cores again, as `up` started it
         assert sorted(os.sched_getaffinity(replica.java_pid)) == replica.cores
-    wait_for(lambda: fleet_cli(fleet.root, "status").returncode == 0, 30, "`status` to find every replica well")
+    well = lambda: fleet_command(fleet.root, "status", timeout=240).returncode == 0  # noqa: E731
+    wait_for(well, 30, "`status` to find every replica well")
 
 
 # ---- rolling onto another archive ------------------------------------------------------------------------

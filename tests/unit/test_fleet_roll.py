@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.deploy.manifests import fake_archive
-from tests.support import answering_every_call, require_system_packages, serving_http, wait_until
+from tests.support import answering_every_call, fleet_command, require_system_packages, serving_http, wait_until
 from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
@@ -714,11 +714,6 @@ def system_packages() -> None:
     require_system_packages()
 
 
-def fleet_command(root, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "scripts.fleet", "--root", str(root), *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
 def _answers(check: Callable[[], bool]) -> bool:
     try:
         return check()
@@ -974,7 +969,19 @@ def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_
     assert "run different archives (r0 old.mar, r1 new.mar): finish the roll first" in refused.stderr, refused.stderr
 
 
-def test_restart_all_on_the_command_line_restarts_every_replica_on_the_archive_it_runs(fleet, probe_url, tmp_path):
+@pytest.fixture
+def own_signal_handlers() -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers as they were, after a test that runs the command line's
+    (scripts.fleet installs its own for a roll)."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_restart_all_on_the_command_line_restarts_every_replica_on_the_archive_it_runs(
+    fleet, probe_url, tmp_path, own_signal_handlers
+):
     """`scripts.fleet restart --all` (its own function, the fleet it attaches a stand-in): a roll with `every`, each
     replica restarted on old.mar, which a plain roll onto old.mar would leave as they are. The roll's moves through
     real TorchServe replicas and HAProxy: tests/e2e/test_fleet.py (the roll and the one-replica restart)."""
@@ -986,21 +993,16 @@ def test_restart_all_on_the_command_line_restarts_every_replica_on_the_archive_i
     probe = tmp_path / "probe.txt"
     probe.write_text("the room was clean")
     args = argparse.Namespace(root=fleet.root, replica=None, all=True, probe=probe, no_surge=True)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # it installs its own
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
-            exit_status = restart_replica(args)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
+        exit_status = restart_replica(args)
     assert exit_status == 0
     assert stand_in.restarts == [("r0", "old.mar"), ("r1", "old.mar")] and stand_in.states == {"r0": "UP", "r1": "UP"}
 
 
 @pytest.mark.parametrize("interrupted_at, status", [("r0", 1), ("r1", 0)])
 def test_a_rolling_restart_interrupted_ends_between_replicas_and_exits_1_unless_at_the_last(
-    fleet, probe_url, tmp_path, interrupted_at, status
+    fleet, probe_url, tmp_path, interrupted_at, status, own_signal_handlers
 ):
     """The first Ctrl-C of `restart --all` (scripts.fleet.rolled, its signal handlers) finishes the replica in hand
     and ends before the next: exit 1 while a replica is left, 0 when the last one was in hand."""
@@ -1015,12 +1017,7 @@ def test_a_rolling_restart_interrupted_ends_between_replicas_and_exits_1_unless_
     stand_in = StandInFleet(fleet, probe_url, on_restart=ctrl_c)
     probe = tmp_path / "probe.txt"
     probe.write_text("the room was clean")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        exit_status = rolled(stand_in, "old.mar", argparse.Namespace(probe=probe, no_surge=True), every=True)
-    finally:
-        for sig, handler in handlers.items():  # this process's own, as they were
-            signal.signal(sig, handler)
+    exit_status = rolled(stand_in, "old.mar", argparse.Namespace(probe=probe, no_surge=True), every=True)
     assert exit_status == status
     assert stand_in.restarts == [("r0", "old.mar"), ("r1", "old.mar")][: 1 if interrupted_at == "r0" else 2]
     assert stand_in.states == {"r0": "UP", "r1": "UP"}
