@@ -215,6 +215,14 @@ def test_the_server_creates_its_key_file_and_logs_for_its_owner_alone(torchserve
         assert path.stat().st_mode & 0o077 == 0, f"{path.name} is open to others: {oct(path.stat().st_mode)}"
 
 
+def test_torchserves_own_lines_are_written_once_to_its_log_and_to_standard_output(torchserve):
+    """log4j2.xml: TorchServe's shipped configuration wrote every line of its own loggers twice to ts_log.log (their
+    Logger names ts_log and hands each event on to the root, which names it too). One start, one banner line."""
+    banner = "org.pytorch.serve.ModelServer - Initialize Inference server with"
+    assert (torchserve.log_dir / "ts_log.log").read_text().count(banner) == 1
+    assert (torchserve.workdir / "console.log").read_text().count(banner) == 1
+
+
 def test_handler_metrics_count_exactly_what_happened(torchserve, tiny_model, loaded_handler):
     texts = ["one batch with one text", "and a second one, a little longer than the first"]
     tokens = sum(len(loaded_handler.served.tokenizer(text)["input_ids"]) for text in texts)
