@@ -374,6 +374,20 @@ def test_the_image_redacts_query_strings_from_the_access_log_as_the_repositorys_
     assert message(REPO / "log4j2.xml")[1].startswith("%replace{%m}")
 
 
+
+def test_every_log_file_on_one_machine_rolls_over_and_nothing_goes_to_the_unrotated_console():
+    """log4j2.xml: each file rolls over by size and keeps a bounded number; no Console appender, since the launchers
+    send standard output to a console.log nothing rotates (what reaches it is run for real: tests/e2e/test_service.py).
+    """
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.parse(REPO / "log4j2.xml").getroot()
+    [appenders] = root.iter("Appenders")
+    assert [child.tag for child in appenders if child.tag != "RollingFile"] == []
+    for appender in appenders:
+        [size] = appender.iter("SizeBasedTriggeringPolicy")
+        [strategy] = appender.iter("DefaultRolloverStrategy")
+        assert (size.get("size"), strategy.get("max")) == ("100 MB", "5"), appender.get("name")
 # ---- GPU, autoscaling, selectors ------------------------------------------------------------------
 
 
