@@ -34,7 +34,7 @@ from tooling.cli_arguments import existing_file, non_negative_int, positive_int
 from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import restart, roll, roll_stopped
-from tooling.haproxy_admin import haproxy_servers, set_server_state
+from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
 from tooling.termination import exit_on_sigterm, raise_terminated
@@ -108,7 +108,7 @@ def status(args: argparse.Namespace) -> int:
         who = f"{labels['job']} {labels['replica']}" if "replica" in labels else labels["job"]
         print(f"prometheus: {who} {target['scrapeUrl']} {target['health']}")
     # Drained or in maintenance is the operator's doing; DOWN is a replica HAProxy's checks find not answering.
-    dead = [name for name, row in servers.items() if row["status"].startswith("DOWN")]
+    dead = [name for name, row in servers.items() if is_down(row["status"])]
     for name in dead:
         print(f"fleet: {name} is DOWN: its TorchServe does not answer (logs under {args.root / 'fleet' / name}); "
               f"{starts_again(args, name)}", file=sys.stderr)  # fmt: skip
@@ -141,7 +141,7 @@ def set_state(args: argparse.Namespace) -> int:
         raise FleetError(f"{refused} (`status` lists them)") from None
     print(f"==> {args.replica}: {args.command}")
     health = haproxy_servers(socket_path).get(args.replica, {}).get("status", "")
-    if args.command == "ready" and health.startswith("DOWN"):
+    if args.command == "ready" and is_down(health):
         # In rotation as far as the command goes, but HAProxy sends it nothing while its checks fail: not a success.
         print(f"fleet: HAProxy's health checks find {args.replica} {health}: its TorchServe does not answer, so it "
               f"gets no requests. Its logs are under {args.root / 'fleet' / args.replica}; "

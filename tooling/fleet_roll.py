@@ -55,6 +55,7 @@ import requests
 
 from tooling.fleet import Fleet, Replica, file_stamp, ports_taken
 from tooling.fleet_config import FleetError
+from tooling.haproxy_admin import is_down
 from tooling.model_archive import NotAnArchive
 from tooling.processes import has_ended, process_record, same_process, wait_for
 
@@ -191,7 +192,7 @@ def replicas_to_move(fleet: Fleet, archive: str, every: bool = False) -> list[in
     staying_out = sorted(fleet.replicas[index].name for index in out if index not in moving)
     if staying_out:
         # A replica HAProxy's checks find DOWN does not answer: `ready` cannot bring it back, a restart does.
-        dead = [name for name in staying_out if servers[name]["status"].startswith("DOWN")]
+        dead = [name for name in staying_out if is_down(servers[name]["status"])]
         drained = [name for name in staying_out if name not in dead]
         then = [f"`restart {name}`" for name in dead] + [f"`ready {name}`" for name in drained]
         raise FleetError(

@@ -31,6 +31,12 @@ def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
     return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
 
 
+def is_down(status: str) -> bool:
+    """Whether a server's `show stat` status says HAProxy's health checks find it not answering: DOWN, or "DOWN 1/2"
+    while its checks start passing again. DRAIN and MAINT are an operator's doing, not a fault."""
+    return status.startswith("DOWN")
+
+
 def set_server_state(socket_path: Path | str, name: str, state: str) -> None:
     """Set replica `name` of the fleet's backend `ready`, `drain` (finish in-flight requests, take no new ones) or
     `maint`; FleetError with HAProxy's answer where it refuses (an unknown server)."""
