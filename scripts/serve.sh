@@ -137,8 +137,22 @@ else
     echo "scripts/stop.sh stops this checkout's TorchServe, or clears a pid file left naming another process" >&2
     exit 1
   }
-  for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] && break; sleep 1; done
-  [ "$(ping_status)" = 200 ] || { echo "TorchServe did not become healthy; see logs/ts_log.log" >&2; exit 1; }
+  # The frontend's pid, as the launcher wrote it before returning: one that ends before it answers (a JVM that
+  # cannot start, a configuration it refuses) is said at once, with what it printed, not after the whole wait.
+  frontend=$(cat logs/tmp/.model_server.pid 2>/dev/null || true)
+  frontend_gone() { [ -n "$frontend" ] && ! kill -0 "$frontend" 2>/dev/null; }
+  for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] || frontend_gone && break; sleep 1; done
+  if [ "$(ping_status)" != 200 ]; then
+    if frontend_gone; then
+      echo "TorchServe's frontend (pid $frontend) ended before it answered /ping; the end of logs/console.log:" >&2
+    else
+      echo "TorchServe did not answer /ping within 120 s (scripts/stop.sh stops it); the end of logs/console.log:" >&2
+    fi
+    # What the JVM printed itself (log4j2.xml writes nothing there): a failure to start is among it.
+    tail -n 5 logs/console.log | sed 's/^/    /' >&2
+    echo "TorchServe's own log: logs/ts_log.log" >&2
+    exit 1
+  fi
 fi
 
 if curl -fsS -o /dev/null -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then

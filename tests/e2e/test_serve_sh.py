@@ -297,6 +297,24 @@ def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     assert "TorchServe is already running" in run.stderr and "scripts/stop.sh" in run.stderr, run.stderr
 
 
+def test_serve_sh_says_at_once_why_a_frontend_that_cannot_start_ended(tmp_path):
+    """A JVM that cannot start (a heap too small for it, from config.properties' vmargs) ends before /ping answers:
+    serve.sh says so at once, with what it printed (logs/console.log, where log4j2.xml writes nothing else), rather
+    than wait out its two minutes and point at TorchServe's log, which does not hold the cause."""
+    archive = tmp_path / "unused.mar"
+    archive.write_bytes(b"")
+    checkout, _ = make_checkout(tmp_path, archive)
+    config = checkout / "config.properties"
+    config.write_text(config.read_text() + "vmargs=-Xmx1k\n")
+    run = subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=90,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "ended before it answered /ping; the end of logs/console.log:" in run.stderr, run.stderr
+    assert "heap" in run.stderr, run.stderr  # the JVM's own words
+
+
 def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):
     """PATH holds every command of the test's PATH but curl: serve.sh stops at once, naming the package, before the
     set-up (here a stand-in that leaves a mark) or anything else runs."""
