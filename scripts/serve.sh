@@ -95,12 +95,19 @@ key() { .venv/bin/python -c "import json,sys; print(json.load(open('key_file.jso
 # long as the command runs (the synchronous registration: the whole model load). printf is a bash
 # builtin: no process gets the key as an argument.
 auth() { printf 'Authorization: Bearer %s\n' "$(key "$1")"; }
-# /ping with the inference key: its body, then its status on the last line (000 when nothing answers).
+# The longest any call but the registration may take: a frontend that takes a connection and never answers (hung:
+# stopped, or wedged) would hold curl, and this script, for ever. The registration waits for the model's load.
+CALL_LIMIT_S=10
+# /ping with the inference key: its body, then its status on the last line (000 when nothing answers; "hung"
+# when something took the connection and gave no answer within CALL_LIMIT_S).
 # 400 InvalidKeyException once TorchServe's keys have expired (token_expiration_min, 60 minutes after
 # they were issued); 500 while a model has fewer healthy workers than its minimum.
 ping_answer() {
   if [ -f key_file.json ]; then
-    curl -s -w '\n%{http_code}' -H @<(auth inference) "$INFERENCE/ping" 2>/dev/null || true
+    local answer code=0
+    answer=$(curl -s --max-time "$CALL_LIMIT_S" -w '\n%{http_code}' -H @<(auth inference) "$INFERENCE/ping" 2>/dev/null) \
+      || code=$?
+    if [ "$code" = 28 ]; then printf '\nhung'; else printf '%s' "$answer"; fi  # 28: curl's time limit
   else
     printf '\n000'
   fi
@@ -119,6 +126,10 @@ elif [[ "$answer" == *InvalidKeyException* ]]; then
   config_unchanged
   .venv/bin/python -m scripts.rotate_keys
   [[ "$(ping_answer)" != *InvalidKeyException* ]] || { echo "TorchServe refuses the new key too" >&2; exit 1; }
+elif [ "${answer##*$'\n'}" = hung ]; then
+  echo "TorchServe takes connections on $INFERENCE but does not answer /ping within $CALL_LIMIT_S s: hung (stopped," \
+    "or wedged: logs/ts_log.log, logs/console.log). scripts/stop.sh stops it; then this script starts it again" >&2
+  exit 1
 elif [ "${answer##*$'\n'}" != 000 ]; then
   echo "==> TorchServe is already running (/ping: HTTP ${answer##*$'\n'}; the model's workers say why below)"
   config_unchanged
@@ -141,7 +152,8 @@ else
   # cannot start, a configuration it refuses) is said at once, with what it printed, not after the whole wait.
   frontend=$(cat logs/tmp/.model_server.pid 2>/dev/null || true)
   frontend_gone() { [ -n "$frontend" ] && ! kill -0 "$frontend" 2>/dev/null; }
-  for _ in $(seq 1 120); do [ "$(ping_status)" = 200 ] || frontend_gone && break; sleep 1; done
+  started=$SECONDS  # a deadline, not a count: each /ping may itself take up to CALL_LIMIT_S
+  while [ $((SECONDS - started)) -lt 120 ]; do [ "$(ping_status)" = 200 ] || frontend_gone && break; sleep 1; done
   if [ "$(ping_status)" != 200 ]; then
     if frontend_gone; then
       echo "TorchServe's frontend (pid $frontend) ended before it answered /ping; the end of logs/console.log:" >&2
@@ -155,7 +167,7 @@ else
   fi
 fi
 
-if curl -fsS -o /dev/null -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
+if curl -fsS --max-time "$CALL_LIMIT_S" -o /dev/null -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" 2>/dev/null; then
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
   echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
@@ -179,11 +191,13 @@ else
   echo "${answer%$'\n'*}"
 fi
 
-for _ in $(seq 1 120); do
-  curl -fsS -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' && break
+started=$SECONDS
+while [ $((SECONDS - started)) -lt 120 ]; do
+  curl -fsS --max-time "$CALL_LIMIT_S" -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
+    && break
   sleep 1
 done
-curl -fsS -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
+curl -fsS --max-time "$CALL_LIMIT_S" -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
   || { echo "$MODEL_NAME has no ready worker" >&2; explain_load_failure; exit 1; }
 
 # What to paste reads the key from key_file.json rather than showing it: this output lands in logs and,

@@ -297,6 +297,35 @@ def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     assert "TorchServe is already running" in run.stderr and "scripts/stop.sh" in run.stderr, run.stderr
 
 
+def test_serve_sh_says_a_frontend_that_takes_connections_and_never_answers_is_hung(tmp_path):
+    """This checkout's TorchServe, by its pid file, holds the inference port and answers nothing (here a stand-in with
+    its command line that listens and never accepts; a SIGSTOPped frontend does the same): serve.sh's /ping gives up
+    after its limit and says so, with what to do, where it waited for ever."""
+    archive = tmp_path / "unused.mar"
+    archive.write_bytes(b"")
+    checkout, inference_url = make_checkout(tmp_path, archive)
+    tmpdir = checkout / "logs" / "tmp"
+    tmpdir.mkdir(parents=True)
+    port = int(inference_url.rsplit(":", 1)[1])
+    listen = f"import socket, time; s = socket.create_server(('127.0.0.1', {port})); print(flush=True); time.sleep(120)"
+    command = [listen, f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
+    server = subprocess.Popen([sys.executable, "-c", *command], stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()  # listening
+        (tmpdir / ".model_server.pid").write_text(str(server.pid))
+        (checkout / "key_file.json").write_text(json.dumps({name: {"key": "k"} for name in KEY_NAMES}))
+        run = subprocess.run(
+            ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=90,
+        )  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"TorchServe takes connections on {inference_url} but does not answer /ping within 10 s" in run.stderr
+    assert "scripts/stop.sh stops it" in run.stderr, run.stderr
+
+
 def test_serve_sh_says_at_once_why_a_frontend_that_cannot_start_ended(tmp_path):
     """A JVM that cannot start (a heap too small for it, from config.properties' vmargs) ends before /ping answers:
     serve.sh says so at once, with what it printed (logs/console.log, where log4j2.xml writes nothing else), rather
