@@ -478,7 +478,12 @@ class TorchServe:
             if self.process.poll() is not None:
                 # Its process group may still hold what it started (the Java frontend, workers): stopped with it.
                 self.stop()
-                raise RuntimeError(f"torchserve exited early; see {self.workdir / 'console.log'}")
+                console_log = self.workdir / "console.log"
+                # What the launcher and the JVM printed themselves (log4j2.xml writes nothing else there): the cause.
+                end = console_log.read_text(errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(
+                    f"torchserve exited early; the end of {console_log}:" + "".join(f"\n    {line}" for line in end)
+                )
             try:
                 # With token authorization on, even /ping needs the inference key.
                 if self.ping().status_code == 200:

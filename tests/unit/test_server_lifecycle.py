@@ -24,10 +24,11 @@ def open_in_this_process(path: Path) -> bool:
 def test_a_launcher_that_exits_at_once_is_said_with_its_log_and_its_log_is_closed(tmp_path):
     """Here the model store is missing, which the launcher refuses before it starts Java."""
     server = TorchServe(tmp_path / "server", tmp_path / "no-store")
-    with pytest.raises(RuntimeError, match=r"^torchserve exited early; see .*/server/console\.log$"):
+    with pytest.raises(RuntimeError, match=r"^torchserve exited early; the end of .*/server/console\.log:\n") as raised:
         server.start(timeout=120)
     console = (tmp_path / "server" / "console.log").resolve()
     assert "--model-store directory not found" in console.read_text()
+    assert "--model-store directory not found" in str(raised.value)  # the cause, in what is raised
     assert not open_in_this_process(console), "the console log is still open after the failed start"
 
 
