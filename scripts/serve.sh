@@ -136,6 +136,10 @@ elif [ "${answer##*$'\n'}" != 000 ]; then
 else
   echo "==> starting TorchServe (logs in logs/)"
   printf '%s\n' "$server_config" >logs/config.properties
+  # What a server of this checkout that was killed left unpacked in logs/tmp (tooling/torchserve.py says why), unless
+  # the pid file names one that runs still (starting: `torchserve --start` then refuses, below).
+  .venv/bin/python -c 'from tooling.torchserve import clear_unpacked_archives, pid_file, running_torchserve
+if running_torchserve(pid_file()) is None: clear_unpacked_archives(pid_file().parent)'
   # runtime_env.sh set the umask and dropped the variables that would override this configuration.
   # log4j2.xml is TorchServe's own logging with the access log's query strings redacted (TorchServe
   # would also find it on its class path, which begins with the directory it starts in: named, it is

@@ -98,6 +98,17 @@ def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
     return checkout, f"http://127.0.0.1:{ports['inference_address']}"
 
 
+LEFT_UNPACKED = "0123456789abcdef0123456789abcdef"  # a folder name as TorchServe gives an unpacked archive
+
+
+def plant_unpacked_archive(checkout: Path) -> Path:
+    """An archive unpacked in the checkout's logs/tmp/models, as a server of it that was killed leaves one."""
+    left = checkout / "logs" / "tmp" / "models" / LEFT_UNPACKED
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"weights")
+    return left
+
+
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve-sh")
@@ -127,6 +138,7 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)  # TorchServe would read it instead of asking nvidia-smi
     env.pop("SETUP_DEMO", None)  # serve.sh decides it (a test below)
+    plant_unpacked_archive(checkout)  # as a killed server of this checkout leaves it (a test below)
     script = subprocess.Popen(
         ["bash", "scripts/serve.sh"], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -182,6 +194,15 @@ def test_the_commands_serve_sh_prints_answer_with_no_key_on_a_command_line(serve
     made = calls(log)
     assert [call.split()[0] for call in made] == ["python3", "curl", "curl"], made
     assert not [call for call in made for key in served.keys.values() if key in call], made
+
+
+def test_serve_sh_starting_a_server_clears_what_a_killed_one_left_unpacked(served):
+    """A server that is killed leaves the archives it unpacked in logs/tmp/models (TorchServe removes a model's folder
+    at its unregistration or at the server's stop only), each start of one after it more: serve.sh, starting the only
+    server of the checkout, clears them first. The one it registered is there, unpacked."""
+    unpacked = served.checkout / "logs" / "tmp" / "models"
+    assert not (unpacked / LEFT_UNPACKED).exists()
+    assert [path.name for path in unpacked.glob("*/MAR-INF")] == ["MAR-INF"], list(unpacked.iterdir())
 
 
 def test_the_server_serve_sh_starts_writes_its_key_file_and_logs_for_its_owner_alone(served):
@@ -282,6 +303,7 @@ def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     tmpdir.mkdir(parents=True)
     command = ["import time; time.sleep(120)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
     server = subprocess.Popen([sys.executable, "-c", *command])
+    in_use = plant_unpacked_archive(checkout)  # the running server's, as far as serve.sh can tell
     try:
         (tmpdir / ".model_server.pid").write_text(str(server.pid))
         run = subprocess.run(
@@ -295,6 +317,7 @@ def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     assert run.returncode == 1, run.stdout
     assert "torchserve --start failed; the end of logs/console.log:" in run.stderr, run.stderr
     assert "TorchServe is already running" in run.stderr and "scripts/stop.sh" in run.stderr, run.stderr
+    assert in_use.is_dir(), "serve.sh cleared the unpacked archives of a server of the checkout that runs"
 
 
 def test_serve_sh_says_a_frontend_that_takes_connections_and_never_answers_is_hung(tmp_path):

@@ -22,7 +22,10 @@ def open_in_this_process(path: Path) -> bool:
 
 
 def test_a_launcher_that_exits_at_once_is_said_with_its_log_and_its_log_is_closed(tmp_path):
-    """Here the model store is missing, which the launcher refuses before it starts Java."""
+    """Here the model store is missing, which the launcher refuses before it starts Java. What a killed server of the
+    same folder left unpacked is cleared before the launch (tooling/torchserve.clear_unpacked_archives)."""
+    left = tmp_path / "server" / "tmp" / "models" / "unpacked-by-a-killed-server"
+    left.mkdir(parents=True)
     server = TorchServe(tmp_path / "server", tmp_path / "no-store")
     with pytest.raises(RuntimeError, match=r"^torchserve exited early; the end of .*/server/console\.log:\n") as raised:
         server.start(timeout=120)
@@ -30,6 +33,7 @@ def test_a_launcher_that_exits_at_once_is_said_with_its_log_and_its_log_is_close
     assert "--model-store directory not found" in console.read_text()
     assert "--model-store directory not found" in str(raised.value)  # the cause, in what is raised
     assert not open_in_this_process(console), "the console log is still open after the failed start"
+    assert not left.exists(), "a start left what a killed server of its folder had unpacked"
 
 
 def test_a_launcher_that_does_not_answer_in_time_is_stopped(tmp_path):
