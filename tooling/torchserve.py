@@ -208,13 +208,16 @@ def running_torchserve(pid_file: Path) -> psutil.Process | None:
     return process if TORCHSERVE_MAIN in command and os.path.realpath(pid_file.parent) in tmpdirs else None
 
 
+UNPACKED_ARCHIVES = "models"  # TorchServe's folder for the archives it unpacks, in its temp folder
+
+
 def clear_unpacked_archives(tmp: Path) -> None:
     """Remove what TorchServes that used the temp folder `tmp` unpacked there: `models/`, each registered archive
     unpacked anew at its registration. A server removes a model's folder when the model is unregistered or the server
     stops, so only one that ended otherwise (killed, out of memory, a crash) leaves its folders behind, for ever: the
     demo archive's 88 MB at each such end, about 440 MB for a BERT-base checkpoint. For a launcher about to start the
     only server of `tmp`, before it starts it: nothing then uses them."""
-    shutil.rmtree(tmp / "models", ignore_errors=True)
+    shutil.rmtree(tmp / UNPACKED_ARCHIVES, ignore_errors=True)
 
 
 # TorchServe 0.12's answer (HTTP 400) to a key that is wrong or has expired: keys last token_expiration_min

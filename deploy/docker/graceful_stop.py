@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,21 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 # file, TS_OPEN_INFERENCE_PROTOCOL=oip turn on a mode one gRPC call can make the frontend drop a worker with.
 SERVER_UMASK = 0o077
 IGNORED_VARIABLES = ("TS_CONFIG_FILE", "TS_OPEN_INFERENCE_PROTOCOL")
+
+
+# Where TorchServe unpacks each archive it registers, under its temp folder (TEMP: the launcher's java.io.tmpdir).
+# As tooling/torchserve.clear_unpacked_archives (tests/deploy checks they agree).
+UNPACKED_ARCHIVES = "models"
+
+
+def clear_unpacked_archives(environment: dict[str, str]) -> None:
+    """Remove what an earlier TorchServe of this pod unpacked and, killed (out of memory: the kubelet restarts the
+    container, and the /tmp emptyDir outlives it), never removed: each restart would add the model's size again,
+    until the emptyDir's sizeLimit evicts the pod. This container's TorchServe, the folder's only one, has not started.
+    """
+    temp = environment.get("TEMP")
+    if temp:
+        shutil.rmtree(os.path.join(temp, UNPACKED_ARCHIVES), ignore_errors=True)
 
 
 def config_path(command: list[str]) -> str | None:
@@ -169,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     # Its own session: the whole of TorchServe (launcher, frontend, workers) is stopped as one group.
     environment = {name: value for name, value in os.environ.items() if name not in IGNORED_VARIABLES}
+    clear_unpacked_archives(environment)
     process = subprocess.Popen(command, start_new_session=True, env=environment, umask=SERVER_UMASK)
     while process.poll() is None and not stop.wait(0.5):
         pass

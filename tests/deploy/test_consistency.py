@@ -361,6 +361,15 @@ def test_every_launcher_starts_torchserve_with_umask_077_and_without_the_variabl
     assert f"unset {' '.join(IGNORED_VARIABLES)}" in runtime_env
 
 
+def test_every_launcher_clears_the_same_folder_of_unpacked_archives():
+    """The image's entry command and tooling/torchserve.py (which scripts/serve.sh calls) clear what a killed TorchServe
+    left unpacked in one folder, the one TorchServe unpacks into; each is run for real in tests/e2e (test_graceful_stop,
+    test_serve_sh) and tests/unit/test_server_lifecycle.py."""
+    from tooling.torchserve import UNPACKED_ARCHIVES
+
+    assert _graceful_stop()["UNPACKED_ARCHIVES"] == UNPACKED_ARCHIVES == "models"
+
+
 def test_the_image_redacts_query_strings_from_the_access_log_as_the_repositorys_logging_does():
     """One replacement in both log4j2 configurations (the pod's writes to standard output only); each is run for real
     (tests/e2e/test_graceful_stop.py, tests/e2e/test_reliability.py::test_request_text_never_reaches_the_logs)."""
@@ -372,7 +381,6 @@ def test_the_image_redacts_query_strings_from_the_access_log_as_the_repositorys_
 
     assert message(REPO / "log4j2.xml") == message(DEPLOY / "docker" / "log4j2.xml")
     assert message(REPO / "log4j2.xml")[1].startswith("%replace{%m}")
-
 
 
 def test_every_log_file_on_one_machine_rolls_over_and_nothing_goes_to_the_unrotated_console():
@@ -388,6 +396,8 @@ def test_every_log_file_on_one_machine_rolls_over_and_nothing_goes_to_the_unrota
         [size] = appender.iter("SizeBasedTriggeringPolicy")
         [strategy] = appender.iter("DefaultRolloverStrategy")
         assert (size.get("size"), strategy.get("max")) == ("100 MB", "5"), appender.get("name")
+
+
 # ---- GPU, autoscaling, selectors ------------------------------------------------------------------
 
 

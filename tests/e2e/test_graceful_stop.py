@@ -118,6 +118,10 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
     # Set on the pod, they would replace the configuration (a file that is not there: TorchServe would not start)
     # and turn the Open Inference mode on; the entry command starts TorchServe without them.
     planted = {"TS_CONFIG_FILE": str(server.workdir / "absent.properties"), "TS_OPEN_INFERENCE_PROTOCOL": "oip"}
+    # What a TorchServe of this pod killed before (out of memory) left unpacked in the /tmp emptyDir, which outlives
+    # the container: the entry command clears it before it starts TorchServe.
+    left = server.workdir / "tmp" / "models" / "unpacked-by-a-killed-server"
+    left.mkdir(parents=True)
     entry = subprocess.Popen(
         command, cwd=server.workdir, env={**server_environment(server.workdir), **planted}, stdout=log,
         stderr=subprocess.STDOUT, umask=0o022,  # a shell's usual umask: the entry command sets its own for TorchServe
@@ -127,6 +131,7 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
     try:
         _wait_until_ready(server, entry)
         tree = psutil.Process(entry.pid).children(recursive=True)
+        assert not left.exists() and list((server.workdir / "tmp" / "models").glob("*/MAR-INF")), "unpacked archives"
         java = java_frontend(entry.pid)
         assert umask_of(java.pid) == "0077"
         assert not [name for name in IGNORED_VARIABLES if name in java.environ()]
