@@ -12,6 +12,7 @@ copy's scripts/stop.sh, then kills whatever of serve.sh's process group is left,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,27 +294,46 @@ def test_serve_sh_registering_on_a_server_that_keeps_another_budget_names_the_se
     assert "latency budget 500 ms at" not in run.stdout, run.stdout
 
 
+def checkout_without_a_model(root: Path) -> tuple[Path, str]:
+    """make_checkout with an empty archive, for runs of serve.sh that end before any registration."""
+    archive = root / "unused.mar"
+    archive.write_bytes(b"")
+    return make_checkout(root, archive)
+
+
+@contextlib.contextmanager
+def stand_in_torchserve(checkout: Path, code: str) -> Iterator[None]:
+    """A process the checkout's pid file names, with a TorchServe frontend's command line (its main class, the
+    checkout's temp folder as its Java temp dir), running `code`, which prints a line once it is ready; killed after."""
+    tmpdir = checkout / "logs" / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-c", code, f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        (tmpdir / ".model_server.pid").write_text(str(server.pid))
+        yield
+    finally:
+        server.kill()
+        server.wait()
+
+
+def run_serve_sh(checkout: Path, timeout: float) -> subprocess.CompletedProcess:
+    """serve.sh in the checkout on the CPU, to its end; its limit is below pytest's, so a hang fails here, named."""
+    return subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=timeout,
+    )  # fmt: skip
+
+
 def test_serve_sh_says_why_torchserve_start_refused(tmp_path):
     """The pid file names a live TorchServe of this checkout that does not answer /ping (starting, or hung; here a
     stand-in with its command line): `torchserve --start` refuses, and serve.sh says so in its words, which only
     logs/console.log held, rather than stop with nothing said."""
-    archive = tmp_path / "unused.mar"
-    archive.write_bytes(b"")
-    checkout, _ = make_checkout(tmp_path, archive)
-    tmpdir = checkout / "logs" / "tmp"
-    tmpdir.mkdir(parents=True)
-    command = ["import time; time.sleep(120)", f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
-    server = subprocess.Popen([sys.executable, "-c", *command])
+    checkout, _ = checkout_without_a_model(tmp_path)
     in_use = plant_unpacked_archive(checkout)  # the running server's, as far as serve.sh can tell
-    try:
-        (tmpdir / ".model_server.pid").write_text(str(server.pid))
-        run = subprocess.run(
-            ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=120,
-        )  # fmt: skip
-    finally:
-        server.kill()
-        server.wait()
+    with stand_in_torchserve(checkout, "import time; print(flush=True); time.sleep(120)"):
+        run = run_serve_sh(checkout, timeout=120)
     assert (checkout / "setup-demo").read_text() == "1\n", "serving the demo (bert), the set-up must build it"
     assert run.returncode == 1, run.stdout
     assert "torchserve --start failed; the end of logs/console.log:" in run.stderr, run.stderr
@@ -324,26 +345,12 @@ def test_serve_sh_says_a_frontend_that_takes_connections_and_never_answers_is_hu
     """This checkout's TorchServe, by its pid file, holds the inference port and answers nothing (here a stand-in with
     its command line that listens and never accepts; a SIGSTOPped frontend does the same): serve.sh's /ping gives up
     after its limit and says so, with what to do, where it waited for ever."""
-    archive = tmp_path / "unused.mar"
-    archive.write_bytes(b"")
-    checkout, inference_url = make_checkout(tmp_path, archive)
-    tmpdir = checkout / "logs" / "tmp"
-    tmpdir.mkdir(parents=True)
+    checkout, inference_url = checkout_without_a_model(tmp_path)
     port = int(inference_url.rsplit(":", 1)[1])
     listen = f"import socket, time; s = socket.create_server(('127.0.0.1', {port})); print(flush=True); time.sleep(120)"
-    command = [listen, f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
-    server = subprocess.Popen([sys.executable, "-c", *command], stdout=subprocess.PIPE, text=True)
-    try:
-        server.stdout.readline()  # listening
-        (tmpdir / ".model_server.pid").write_text(str(server.pid))
-        (checkout / "key_file.json").write_text(json.dumps({name: {"key": "k"} for name in KEY_NAMES}))
-        run = subprocess.run(
-            ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=90,
-        )  # fmt: skip
-    finally:
-        server.kill()
-        server.wait()
+    (checkout / "key_file.json").write_text(json.dumps({name: {"key": "k"} for name in KEY_NAMES}))
+    with stand_in_torchserve(checkout, listen):
+        run = run_serve_sh(checkout, timeout=90)
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"TorchServe takes connections on {inference_url} but does not answer /ping within 10 s" in run.stderr
     assert "scripts/stop.sh stops it" in run.stderr, run.stderr
@@ -353,15 +360,10 @@ def test_serve_sh_says_at_once_why_a_frontend_that_cannot_start_ended(tmp_path):
     """A JVM that cannot start (a heap too small for it, from config.properties' vmargs) ends before /ping answers:
     serve.sh says so at once, with what it printed (logs/console.log, where log4j2.xml writes nothing else), rather
     than wait out its two minutes and point at TorchServe's log, which does not hold the cause."""
-    archive = tmp_path / "unused.mar"
-    archive.write_bytes(b"")
-    checkout, _ = make_checkout(tmp_path, archive)
+    checkout, _ = checkout_without_a_model(tmp_path)
     config = checkout / "config.properties"
     config.write_text(config.read_text() + "vmargs=-Xmx1k\n")
-    run = subprocess.run(
-        ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=90,
-    )  # fmt: skip
+    run = run_serve_sh(checkout, timeout=90)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "ended before it answered /ping; the end of logs/console.log:" in run.stderr, run.stderr
     assert "heap" in run.stderr, run.stderr  # the JVM's own words
