@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
-from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import restart, roll, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
@@ -100,6 +100,11 @@ def status(args: argparse.Namespace) -> int:
         targets = requests.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     except (OSError, requests.RequestException, KeyError, ValueError) as error:
         print(f"could not reach the fleet: {error}")
+        ended = ended_processes(args.root)
+        if ended:  # the front (every request fails) or the watch: neither comes back by itself
+            print(f"fleet: {' and '.join(ended)} no longer running: {fleet_command(args, 'down')} stops the rest, "
+                  f"then {fleet_command(args, 'up')} (with the options it had) starts the fleet again",
+                  file=sys.stderr)  # fmt: skip
         return 1
     for name, row in servers.items():
         print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")

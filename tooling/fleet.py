@@ -626,6 +626,20 @@ def write_atomically(path: Path, document: object) -> None:
     os.replace(partial, path)
 
 
+def ended_processes(root: Path = DEFAULT_ROOT) -> list[str]:
+    """HAProxy and Prometheus of the fleet under `root` whose recorded process no longer runs (killed, crashed), as
+    "haproxy (pid N)": nothing starts either again but a new fleet."""
+    try:
+        records = json.loads((Path(root) / "fleet" / "processes.json").read_text())
+    except FileNotFoundError:
+        return []
+    return [
+        f"{name} (pid {records[name]['pid']})"
+        for name in ("haproxy", "prometheus")
+        if records.get(name) and same_process(records[name]) is None
+    ]
+
+
 def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:
     """Stop the fleet under `root` from its records (one `up` started in another process, say); what was stopped."""
     root = Path(root)

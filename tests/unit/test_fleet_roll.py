@@ -30,7 +30,7 @@ from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
 from tooling.paths import REPO
-from tooling.processes import wait_ended
+from tooling.processes import process_record, wait_ended
 
 
 @pytest.fixture
@@ -888,7 +888,21 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     write_atomically(tmp_path / "fleet.json", {"haproxy_socket": str(tmp_path / "gone.sock")})
     gone = fleet_command(tmp_path, "status")
     assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
-    assert "Traceback" not in gone.stderr, gone.stderr
+    assert "Traceback" not in gone.stderr and "no longer running" not in gone.stderr, gone.stderr
+    # Its records name an HAProxy that has ended (killed) and a Prometheus that runs (here this process): said so.
+    ended = subprocess.Popen(["true"])
+    record = process_record(ended.pid)
+    ended.wait()
+    records = {"replicas": [], "surge": None, "haproxy": record, "prometheus": process_record(os.getpid())}
+    (tmp_path / "fleet").mkdir()
+    write_atomically(tmp_path / "fleet" / "processes.json", records)
+    gone = fleet_command(tmp_path, "status")
+    assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
+    assert gone.stderr.splitlines() == [
+        f"fleet: haproxy (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root {tmp_path} "
+        f"down stops the rest, then .venv/bin/python -m scripts.fleet --root {tmp_path} up (with the options it had) "
+        "starts the fleet again"
+    ], gone.stderr
 
 
 def test_down_clears_a_fleet_json_whose_processes_are_not_recorded_so_up_is_not_refused(tmp_path):
