@@ -27,6 +27,9 @@ ALERTING_RULES = DEPLOY / "prometheus" / "alerts.yaml"
 BACKEND = "torchserve"  # HAProxy backend name, and the Prometheus job the alerts expect
 REPLICA_JOB = "torchserve"
 HAPROXY_JOB = "haproxy"
+# The label that tells the fleet's HAProxy from any other a Prometheus scrapes as `haproxy` (an ingress controller's):
+# BertFrontDown (deploy/prometheus/alerts.yaml) names only this one.
+FRONT_LABELS = {"service": "bert-torchserve"}
 
 
 class FleetError(RuntimeError):
@@ -130,7 +133,7 @@ def prometheus_config(
         "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [
             replicas,
-            {"job_name": HAPROXY_JOB, "static_configs": [{"targets": [haproxy_target]}]},
+            {"job_name": HAPROXY_JOB, "static_configs": [{"targets": [haproxy_target], "labels": FRONT_LABELS}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tooling.fleet_config import (
+    FRONT_LABELS,
     RECORDING_RULES,
     FleetError,
     alerting_rules,
@@ -77,6 +78,8 @@ def test_promtool_accepts_the_rendered_prometheus_configuration(tmp_path):
     jobs = {job["job_name"]: job for job in yaml.safe_load(text)["scrape_configs"]}
     assert [c["labels"]["replica"] for c in jobs["torchserve"]["static_configs"]] == ["r0", "r1"]
     assert jobs["torchserve"]["file_sd_configs"][0]["files"] == [str(tmp_path / "surge-targets.json")]
+    # HAProxy with the labels BertFrontDown selects (tests/unit/test_prometheus_rules.py fires it on them).
+    assert jobs["haproxy"]["static_configs"] == [{"targets": ["127.0.0.1:18001"], "labels": FRONT_LABELS}]
     assert surge_targets("surge", "127.0.0.1:18102") == [
         {"targets": ["127.0.0.1:18102"], "labels": {"replica": "surge"}}
     ]

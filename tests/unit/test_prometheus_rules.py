@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 
-from tooling.fleet_config import ALERTING_RULES, RECORDING_RULES, alerting_rules
+from tooling.fleet_config import ALERTING_RULES, FRONT_LABELS, RECORDING_RULES, alerting_rules
 from tooling.paths import REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboard.json"
@@ -37,6 +37,7 @@ RECORDED = [
 ]
 ALERTS = [
     "BertReplicaDown",
+    "BertFrontDown",
     "BertLatencyHigh",
     "BertAutoscalerAtMax",
     "BertQueueTimeHigh",
@@ -291,6 +292,9 @@ def between_scrapes(interval: int) -> str:
     return f"{300 + interval // 2}s"
 
 
+FRONT_SERIES_LABELS = ",".join(f'{key}="{value}"' for key, value in FRONT_LABELS.items())
+
+
 def up_series(interval: int, minutes: int) -> list[dict]:
     """a (fleet-style job) and e (a Kubernetes pod scraped by annotations) go down at 1m; so does a pod
     of another application, which no alert may name."""
@@ -303,6 +307,10 @@ def up_series(interval: int, minutes: int) -> list[dict]:
         {"series": f'up{{job="torchserve",{replica_labels("b")}}}', "values": f"1x{steps}"},
         {"series": f'up{{{kubernetes}="bert-torchserve",{replica_labels("e")}}}', "values": down},
         {"series": f'up{{{kubernetes}="other-app",{replica_labels("f")}}}', "values": down},
+        # The fleet's HAProxy (its label from tooling/fleet_config.FRONT_LABELS) goes down at 1m; so does another
+        # HAProxy scraped as `haproxy` (an ingress controller's), which no alert may name.
+        {"series": f'up{{job="haproxy",{FRONT_SERIES_LABELS},instance="127.0.0.1:18001"}}', "values": down},
+        {"series": 'up{job="haproxy",instance="ingress:8404"}', "values": down},
     ]
 
 
@@ -370,12 +378,15 @@ def test_every_rule_has_values_and_every_alert_fires_at_common_scrape_intervals(
             }
         )
     kubernetes_pod = {"job": "kubernetes-pods", "app_kubernetes_io_name": "bert-torchserve", **replica("e")}
+    front = {"job": "haproxy", **FRONT_LABELS, "instance": "127.0.0.1:18001"}
     hpa = {"job": "kube-state-metrics", "namespace": NAMESPACE, "horizontalpodautoscaler": "bert-torchserve"}
     alerts = [
         # Down at 1m: pending for its `for:` (1m), then firing, in either kind of setup.
         *alerts_at("BertReplicaDown", "1m30s", "2m30s",
                    [expected_alert("BertReplicaDown", {"job": "torchserve", **replica("a")}),
                     expected_alert("BertReplicaDown", kubernetes_pod)]),
+        *alerts_at("BertFrontDown", "1m30s", "2m30s",
+                   [expected_alert("BertFrontDown", front)]),
         *alerts_at("BertQueueFull", "30s", "5m30s", [expected_alert("BertQueueFull", replica("a"), "2")]),
         *alerts_at("BertLatencyHigh", "4m", "8m30s", [expected_alert("BertLatencyHigh", replica("b"), "1.49k")]),
         *alerts_at("BertQueueTimeHigh", "4m", "8m30s", [expected_alert("BertQueueTimeHigh", replica("c"), "619")]),
