@@ -20,6 +20,9 @@ if [ -z "$pid" ]; then
   echo "stop: this checkout's TorchServe is not running"
   exit 0
 fi
+# A frontend stopped by a signal (SIGSTOP, a debugger, a terminal's Ctrl-Z) acts on no SIGTERM until it runs again:
+# continued first, it stops in seconds, not after `torchserve --stop`'s 60 s wait and a message to kill it.
+kill -CONT "$pid" 2>/dev/null || true
 .venv/bin/torchserve --stop --foreground
 # --foreground waits up to 60 s for the server, then removes the pid file whether or not it has exited: whether it
 # has is read here (a zombie, exited but not yet reaped, counts as gone).

@@ -18,8 +18,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -302,17 +304,20 @@ def checkout_without_a_model(root: Path) -> tuple[Path, str]:
 
 
 @contextlib.contextmanager
-def stand_in_torchserve(checkout: Path, code: str) -> Iterator[None]:
+def stand_in_torchserve(checkout: Path, code: str) -> Iterator[subprocess.Popen]:
     """A process the checkout's pid file names, with a TorchServe frontend's command line (its main class, the
-    checkout's temp folder as its Java temp dir), running `code`, which prints a line once it is ready; killed after."""
+    checkout's temp folder as its Java temp dir), running `code`, which prints a line once it is ready; killed after.
+    Reaped as soon as it ends, as a real frontend is (by init: its launcher has exited): `torchserve --stop` waits
+    until the pid is gone, a zombie included."""
     tmpdir = checkout / "logs" / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-c", code, f"-Djava.io.tmpdir={tmpdir}", "org.pytorch.serve.ModelServer"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    threading.Thread(target=server.wait, daemon=True).start()
     try:
         server.stdout.readline()
         (tmpdir / ".model_server.pid").write_text(str(server.pid))
-        yield
+        yield server
     finally:
         server.kill()
         server.wait()
@@ -367,6 +372,18 @@ def test_serve_sh_says_at_once_why_a_frontend_that_cannot_start_ended(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     assert "ended before it answered /ping; the end of logs/console.log:" in run.stderr, run.stderr
     assert "heap" in run.stderr, run.stderr  # the JVM's own words
+
+
+def test_stop_sh_stops_a_frozen_frontend_in_seconds(tmp_path):
+    """This checkout's TorchServe stopped by a signal (SIGSTOP here; a debugger, a terminal's Ctrl-Z) acts on no
+    SIGTERM until it runs again: stop.sh continues it first, so it stops at once, where it took `torchserve --stop`'s
+    60 s wait and ended saying to kill it."""
+    checkout, _ = checkout_without_a_model(tmp_path)
+    with stand_in_torchserve(checkout, "import time; print(flush=True); time.sleep(120)") as server:
+        os.kill(server.pid, signal.SIGSTOP)
+        stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=checkout, capture_output=True, text=True, timeout=30)
+        assert stop.returncode == 0 and "stop: done" in stop.stdout, stop.stdout + stop.stderr
+        assert server.wait(timeout=10) == -signal.SIGTERM
 
 
 def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):
