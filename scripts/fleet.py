@@ -6,6 +6,7 @@
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
     .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
+    .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again on its ports (its process died)
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -31,9 +32,9 @@ import threading
 from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
-from tooling.fleet import DEFAULT_ROOT, SURGE, Fleet, ended_processes, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, FRONT, SURGE, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import restart, roll, roll_stopped
+from tooling.fleet_roll import restart, restart_front, roll, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -100,11 +101,14 @@ def status(args: argparse.Namespace) -> int:
         targets = requests.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     except (OSError, requests.RequestException, KeyError, ValueError) as error:
         print(f"could not reach the fleet: {error}")
-        ended = ended_processes(args.root)
-        if ended:  # the front (every request fails) or the watch: neither comes back by itself
-            print(f"fleet: {' and '.join(ended)} no longer running: {fleet_command(args, 'down')} stops the rest, "
-                  f"then {fleet_command(args, 'up')} (with the options it had) starts the fleet again",
-                  file=sys.stderr)  # fmt: skip
+        # The front (every request fails meanwhile) or the watch: neither comes back by itself.
+        for name, pid in ended_processes(args.root).items():
+            if name == FRONT:
+                again = f"{fleet_command(args, f'restart {FRONT}')} starts it again on its ports"
+            else:
+                again = (f"{fleet_command(args, 'down')} stops the rest, then {fleet_command(args, 'up')} (with the "
+                         "options it had) starts the fleet again")  # fmt: skip
+            print(f"fleet: {name} (pid {pid}) no longer running: {again}", file=sys.stderr)
         return 1
     for name, row in servers.items():
         print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
@@ -201,8 +205,11 @@ def rolled(fleet: Fleet, archive: str, args: argparse.Namespace, every: bool = F
 
 def restart_replica(args: argparse.Namespace) -> int:
     if (args.replica is None) == (not args.all):
-        raise FleetError("restart takes one replica (r0, r1, ...) or --all")
+        raise FleetError("restart takes one replica (r0, r1, ...), haproxy, or --all")
     fleet = Fleet.attach(args.root)
+    if args.replica == FRONT:
+        restart_front(fleet)
+        return 0
     if args.all:
         archives = {replica.archive for replica in fleet.replicas}
         if len(archives) > 1:
@@ -257,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         help="no surge replica: each step runs the fleet a replica short (when the host has no memory for one more)",
     )
     again = commands.add_parser(
-        "restart", help="start a replica again on the archive it runs (drain, restart, probe, back in rotation)"
+        "restart",
+        help="start a replica again on the archive it runs (drain, restart, probe, back in rotation), or HAProxy",
     )
-    again.add_argument("replica", nargs="?", help="r0, r1, ...")
+    again.add_argument("replica", nargs="?", help=f"r0, r1, ..., or {FRONT}")
     again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")

@@ -55,7 +55,15 @@ from tooling.fleet_config import (
 from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
-from tooling.processes import in_parallel, java_frontend, process_record, same_process, stop_recorded, wait_for
+from tooling.processes import (
+    in_parallel,
+    java_frontend,
+    process_record,
+    same_process,
+    still_running,
+    stop_recorded,
+    wait_for,
+)
 from tooling.torchserve import (
     ADDRESS_KEYS,
     SERVER_UMASK,
@@ -70,6 +78,7 @@ from tooling.torchserve import (
 
 DEFAULT_ROOT = REPO / "logs"
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
+FRONT = "haproxy"  # what `restart` calls the fleet's HAProxy (tooling/fleet_roll.restart_front)
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
@@ -483,6 +492,30 @@ class Fleet:
         self.records["haproxy"] = process_record(self.haproxy.pid)
         self.save_state()
 
+    def restart_haproxy(self, timeout: float = 30.0) -> None:
+        """Start HAProxy again on the configuration it ran, on the same front, stats and socket, once its process has
+        ended (killed: every request to the front failed meanwhile). The replicas run on as they were; each comes
+        back in rotation as the new HAProxy's checks find it READY, so one an operator had drained is in rotation
+        again. FleetError while the recorded HAProxy still runs, or when the new one does not answer."""
+        record = self.records.get("haproxy")
+        if record and still_running(record):
+            raise FleetError(f"HAProxy (pid {record['pid']}) is running: nothing to restart")
+        self.socket_path.unlink(missing_ok=True)
+        self.haproxy = self._spawn(["haproxy", "-db", "-f", str(self.dir / "haproxy.cfg")], "haproxy.log")
+        self.records["haproxy"] = process_record(self.haproxy.pid)
+        self.save_state()
+        failed = FleetError(f"HAProxy did not start again: {self.dir / 'haproxy.log'} says why")
+
+        def answers() -> bool:  # wait_for polls through the OSError of a socket not there yet
+            if self.haproxy.poll() is not None:  # ended at once (its ports taken since, say): no use waiting
+                raise failed
+            return self.servers() is not None
+
+        try:
+            wait_for(answers, timeout, "HAProxy's admin socket")
+        except FleetError:
+            raise failed from None
+
     def _start_prometheus(self) -> None:
         self.prometheus_port = free_port()
         alerts = self.dir / "alerts.yaml"
@@ -626,18 +659,18 @@ def write_atomically(path: Path, document: object) -> None:
     os.replace(partial, path)
 
 
-def ended_processes(root: Path = DEFAULT_ROOT) -> list[str]:
-    """HAProxy and Prometheus of the fleet under `root` whose recorded process no longer runs (killed, crashed), as
-    "haproxy (pid N)": nothing starts either again but a new fleet."""
+def ended_processes(root: Path = DEFAULT_ROOT) -> dict[str, int]:
+    """HAProxy and Prometheus of the fleet under `root` whose recorded process no longer runs (killed, crashed):
+    {"haproxy": its recorded pid, ...}. Nothing starts either again by itself."""
     try:
         records = json.loads((Path(root) / "fleet" / "processes.json").read_text())
     except FileNotFoundError:
-        return []
-    return [
-        f"{name} (pid {records[name]['pid']})"
-        for name in ("haproxy", "prometheus")
-        if records.get(name) and same_process(records[name]) is None
-    ]
+        return {}
+    return {
+        name: records[name]["pid"]
+        for name in (FRONT, "prometheus")
+        if records.get(name) and not still_running(records[name])
+    }
 
 
 def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:

@@ -298,6 +298,15 @@ def restart(
         return step
 
 
+def restart_front(fleet: Fleet, say: Callable[[str], None] = print) -> None:
+    """Start the fleet's HAProxy again once it has ended (Fleet.restart_haproxy), under the roll lock: a roll sets
+    its servers' states through it."""
+    with only_roll(fleet.dir):
+        fleet.restart_haproxy()
+        say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}); each replica is back in rotation "
+            "once its checks pass: `status` shows them (drain again one you had drained)")  # fmt: skip
+
+
 def replica_to_restart(fleet: Fleet, name: str) -> Replica:
     """Replica `name`, if `restart` may start it again; FleetError saying why not."""
     if fleet.surge is not None and name == fleet.surge.name:

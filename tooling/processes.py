@@ -35,6 +35,13 @@ def same_process(record: Mapping[str, float]) -> psutil.Process | None:
         return None
 
 
+def still_running(record: Mapping[str, float]) -> bool:
+    """Whether the recorded process runs: still the one started, and not a zombie (dead, its parent yet to reap it;
+    a process orphaned to a container's init may stay one for ever where that init does not reap)."""
+    process = same_process(record)
+    return process is not None and not has_ended(process)
+
+
 def stop_recorded(record: Mapping[str, float] | None, *, group: bool, timeout: float = 30.0) -> None:
     """SIGTERM the recorded process (its whole process group if `group`), SIGKILL if it outlives `timeout`."""
     process = same_process(record) if record else None

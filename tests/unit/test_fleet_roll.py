@@ -23,14 +23,15 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+import requests
 
 from tests.deploy.manifests import fake_archive
 from tests.support import answering_every_call, fleet_command, require_system_packages, serving_http, wait_until
-from tooling.fleet import SURGE, Fleet, Replica, file_stamp, write_atomically
+from tooling.fleet import SURGE, Fleet, Replica, ended_processes, file_stamp, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
 from tooling.paths import REPO
-from tooling.processes import process_record, wait_ended
+from tooling.processes import process_record, same_process, wait_ended
 
 
 @pytest.fixture
@@ -738,6 +739,28 @@ def fronted(fleet, system_packages):
             fleet.down()  # HAProxy, by its pid
 
 
+def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_one_that_runs(fronted):
+    """The command line's `restart haproxy`: refused while the recorded HAProxy runs; once it is killed (every request
+    to the front fails), started again on the same configuration, recorded, r0 back UP and the front answering."""
+    refused = fleet_command(fronted.root, "restart", "haproxy")
+    assert refused.returncode == 1, refused
+    assert f"fleet: HAProxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
+    fronted.haproxy.kill()  # left a zombie until after the restart, as a container's init may leave it
+    wait_until(lambda: psutil.Process(fronted.haproxy.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
+    started = fleet_command(fronted.root, "restart", "haproxy")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert f"==> HAProxy runs again on {fronted.front_url}" in started.stdout, started.stdout
+    record = json.loads(fronted.processes_file.read_text())["haproxy"]
+    assert record["pid"] != fronted.haproxy.pid and same_process(record) is not None
+    wait_until(lambda: _answers(fronted.all_servers_up), 30, "the new HAProxy to have r0 UP")
+    answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
+    assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
+    assert "haproxy" not in ended_processes(fronted.root)  # what `status` reads
+    fronted.haproxy.wait()
+
+
 def test_up_refuses_to_start_without_haproxy_and_prometheus_and_writes_nothing(fleet, monkeypatch, tmp_path):
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
@@ -890,9 +913,11 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
     assert "Traceback" not in gone.stderr and "no longer running" not in gone.stderr, gone.stderr
     # Its records name an HAProxy that has ended (killed) and a Prometheus that runs (here this process): said so.
-    ended = subprocess.Popen(["true"])
+    # The HAProxy a zombie, not yet reaped, as a process orphaned to a container's init can stay.
+    ended = subprocess.Popen(["sleep", "60"])
     record = process_record(ended.pid)
-    ended.wait()
+    ended.kill()
+    wait_until(lambda: psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
     records = {"replicas": [], "surge": None, "haproxy": record, "prometheus": process_record(os.getpid())}
     (tmp_path / "fleet").mkdir()
     write_atomically(tmp_path / "fleet" / "processes.json", records)
@@ -900,8 +925,16 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
     assert gone.stderr.splitlines() == [
         f"fleet: haproxy (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root {tmp_path} "
-        f"down stops the rest, then .venv/bin/python -m scripts.fleet --root {tmp_path} up (with the options it had) "
-        "starts the fleet again"
+        "restart haproxy starts it again on its ports"
+    ], gone.stderr
+    ended.wait()  # reaped: gone altogether
+    records["haproxy"], records["prometheus"] = process_record(os.getpid()), record  # Prometheus ended instead
+    write_atomically(tmp_path / "fleet" / "processes.json", records)
+    gone = fleet_command(tmp_path, "status")
+    assert gone.stderr.splitlines() == [
+        f"fleet: prometheus (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root "
+        f"{tmp_path} down stops the rest, then .venv/bin/python -m scripts.fleet --root {tmp_path} up (with the "
+        "options it had) starts the fleet again"
     ], gone.stderr
 
 
@@ -974,7 +1007,7 @@ def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_
     for wrong in (("restart",), ("restart", "r0", "--all")):
         refused = fleet_command(fleet.root, *wrong)
         assert refused.returncode == 1, refused
-        assert "fleet: restart takes one replica (r0, r1, ...) or --all" in refused.stderr, refused.stderr
+        assert "fleet: restart takes one replica (r0, r1, ...), haproxy, or --all" in refused.stderr, refused.stderr
     stand_in = StandInFleet(fleet, probe_url)
     stand_in.replicas[1].archive = "new.mar"  # a roll stopped halfway
     stand_in.save_state()  # the records `restart --all` reads, as `up` and the roll wrote them
