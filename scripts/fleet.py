@@ -6,7 +6,7 @@
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
     .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
-    .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again on its ports (its process died)
+    .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again as it ran (its process died)
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -32,9 +32,9 @@ import threading
 from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
-from tooling.fleet import DEFAULT_ROOT, FRONT, SURGE, Fleet, ended_processes, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import restart, restart_front, roll, roll_stopped
+from tooling.fleet_roll import restart, restart_watcher, roll, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -103,12 +103,8 @@ def status(args: argparse.Namespace) -> int:
         print(f"could not reach the fleet: {error}")
         # The front (every request fails meanwhile) or the watch: neither comes back by itself.
         for name, pid in ended_processes(args.root).items():
-            if name == FRONT:
-                again = f"{fleet_command(args, f'restart {FRONT}')} starts it again on its ports"
-            else:
-                again = (f"{fleet_command(args, 'down')} stops the rest, then {fleet_command(args, 'up')} (with the "
-                         "options it had) starts the fleet again")  # fmt: skip
-            print(f"fleet: {name} (pid {pid}) no longer running: {again}", file=sys.stderr)
+            print(f"fleet: {name} (pid {pid}) no longer running: {fleet_command(args, f'restart {name}')} starts it "
+                  "again as it ran", file=sys.stderr)  # fmt: skip
         return 1
     for name, row in servers.items():
         print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
@@ -205,10 +201,10 @@ def rolled(fleet: Fleet, archive: str, args: argparse.Namespace, every: bool = F
 
 def restart_replica(args: argparse.Namespace) -> int:
     if (args.replica is None) == (not args.all):
-        raise FleetError("restart takes one replica (r0, r1, ...), haproxy, or --all")
+        raise FleetError("restart takes one replica (r0, r1, ...), haproxy, prometheus, or --all")
     fleet = Fleet.attach(args.root)
-    if args.replica == FRONT:
-        restart_front(fleet)
+    if args.replica in WATCHERS:
+        restart_watcher(fleet, args.replica)
         return 0
     if args.all:
         archives = {replica.archive for replica in fleet.replicas}
@@ -265,9 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     again = commands.add_parser(
         "restart",
-        help="start a replica again on the archive it runs (drain, restart, probe, back in rotation), or HAProxy",
+        help="start a replica again on the archive it runs (drain, restart, probe, back in rotation), or HAProxy or "
+        "Prometheus as it ran",
     )
-    again.add_argument("replica", nargs="?", help=f"r0, r1, ..., or {FRONT}")
+    again.add_argument("replica", nargs="?", help=f"r0, r1, ..., {' or '.join(WATCHERS)}")
     again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,7 +79,8 @@ from tooling.torchserve import (
 
 DEFAULT_ROOT = REPO / "logs"
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
-FRONT = "haproxy"  # what `restart` calls the fleet's HAProxy (tooling/fleet_roll.restart_front)
+FRONT = "haproxy"  # the fleet's HAProxy, as its records and `restart` name it
+WATCHERS = (FRONT, "prometheus")  # what runs beside the replicas, each started again by `restart NAME`
 PORT_KEYS = ("front", "stats", "prometheus")  # layout.json's ports: HAProxy's front and exporter, Prometheus
 
 SYSTEM_COMMANDS = ("haproxy", "prometheus")
@@ -497,24 +499,64 @@ class Fleet:
         ended (killed: every request to the front failed meanwhile). The replicas run on as they were; each comes
         back in rotation as the new HAProxy's checks find it READY, so one an operator had drained is in rotation
         again. FleetError while the recorded HAProxy still runs, or when the new one does not answer."""
-        record = self.records.get("haproxy")
-        if record and still_running(record):
-            raise FleetError(f"HAProxy (pid {record['pid']}) is running: nothing to restart")
-        self.socket_path.unlink(missing_ok=True)
-        self.haproxy = self._spawn(["haproxy", "-db", "-f", str(self.dir / "haproxy.cfg")], "haproxy.log")
-        self.records["haproxy"] = process_record(self.haproxy.pid)
-        self.save_state()
-        failed = FleetError(f"HAProxy did not start again: {self.dir / 'haproxy.log'} says why")
+        self.haproxy = self._start_again(
+            FRONT,
+            ["haproxy", "-db", "-f", str(self.dir / "haproxy.cfg")],
+            answers=lambda: self.servers() is not None,
+            prepare=lambda: self.socket_path.unlink(missing_ok=True),
+            timeout=timeout,
+        )
 
-        def answers() -> bool:  # wait_for polls through the OSError of a socket not there yet
-            if self.haproxy.poll() is not None:  # ended at once (its ports taken since, say): no use waiting
+    def restart_prometheus(self, timeout: float = 60.0) -> None:
+        """Start Prometheus again on the configuration, port and data folder it had (the series it had written to disk
+        go on), once its process has ended (killed: nothing was scraped and no alert could fire meanwhile).
+        FleetError while the recorded one still runs, or when the new one is not ready."""
+        self.prometheus = self._start_again(
+            "prometheus",
+            self._prometheus_command(),
+            answers=lambda: requests.get(f"{self.prometheus_url}/-/ready", timeout=2).ok,
+            timeout=timeout,
+        )
+
+    def _start_again(
+        self,
+        name: str,
+        command: list[str],
+        answers: Callable[[], bool],
+        timeout: float,
+        prepare: Callable[[], None] = lambda: None,
+    ) -> subprocess.Popen:
+        """HAProxy or Prometheus (`name`, as recorded) started again with `command`, logging to its log, recorded for
+        `down`; returns once `answers`. Refused while the recorded process runs (a zombie has ended)."""
+        record = self.records.get(name)
+        if record and still_running(record):
+            raise FleetError(f"{name} (pid {record['pid']}) is running: nothing to restart")
+        prepare()
+        process = self._spawn(command, f"{name}.log")
+        self.records[name] = process_record(process.pid)
+        self.save_state()
+        failed = FleetError(f"{name} did not start again: {self.dir / f'{name}.log'} says why")
+
+        def started() -> bool:  # wait_for polls through the errors of a process not listening yet
+            if process.poll() is not None:  # ended at once (its port taken since, say): no use waiting
                 raise failed
-            return self.servers() is not None
+            return answers()
 
         try:
-            wait_for(answers, timeout, "HAProxy's admin socket")
+            wait_for(started, timeout, name)
         except FleetError:
             raise failed from None
+        return process
+
+    def _prometheus_command(self) -> list[str]:
+        return [
+            "prometheus",
+            f"--config.file={self.dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.dir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+            "--storage.tsdb.retention.time=1d",
+            "--log.level=warn",
+        ]
 
     def _start_prometheus(self) -> None:
         self.prometheus_port = free_port()
@@ -530,17 +572,9 @@ class Fleet:
                 surge_targets_file=self.surge_targets_file,
             )
         )
-        data = self.dir / "prometheus-data"
-        shutil.rmtree(data, ignore_errors=True)  # a previous fleet's series name ports that no longer exist
-        command = [
-            "prometheus",
-            f"--config.file={config}",
-            f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
-            "--storage.tsdb.retention.time=1d",
-            "--log.level=warn",
-        ]
-        self.prometheus = self._spawn(command, "prometheus.log")
+        # A previous fleet's series name ports that no longer exist.
+        shutil.rmtree(self.dir / "prometheus-data", ignore_errors=True)
+        self.prometheus = self._spawn(self._prometheus_command(), "prometheus.log")
         self.records["prometheus"] = process_record(self.prometheus.pid)
         self.save_state()
 
@@ -666,11 +700,7 @@ def ended_processes(root: Path = DEFAULT_ROOT) -> dict[str, int]:
         records = json.loads((Path(root) / "fleet" / "processes.json").read_text())
     except FileNotFoundError:
         return {}
-    return {
-        name: records[name]["pid"]
-        for name in (FRONT, "prometheus")
-        if records.get(name) and not still_running(records[name])
-    }
+    return {name: records[name]["pid"] for name in WATCHERS if records.get(name) and not still_running(records[name])}
 
 
 def stop_fleet(root: Path = DEFAULT_ROOT) -> list[str]:

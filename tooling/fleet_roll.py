@@ -53,7 +53,7 @@ from typing import IO
 import psutil
 import requests
 
-from tooling.fleet import Fleet, Replica, file_stamp, ports_taken
+from tooling.fleet import FRONT, Fleet, Replica, file_stamp, ports_taken
 from tooling.fleet_config import FleetError
 from tooling.haproxy_admin import is_down
 from tooling.model_archive import NotAnArchive
@@ -298,13 +298,19 @@ def restart(
         return step
 
 
-def restart_front(fleet: Fleet, say: Callable[[str], None] = print) -> None:
-    """Start the fleet's HAProxy again once it has ended (Fleet.restart_haproxy), under the roll lock: a roll sets
-    its servers' states through it."""
+def restart_watcher(fleet: Fleet, name: str, say: Callable[[str], None] = print) -> None:
+    """Start the fleet's HAProxy (FRONT) or Prometheus again once it has ended (Fleet.restart_haproxy,
+    Fleet.restart_prometheus), under the roll lock: a roll sets its servers' states through HAProxy and asks
+    Prometheus what it scrapes."""
     with only_roll(fleet.dir):
-        fleet.restart_haproxy()
-        say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}); each replica is back in rotation "
-            "once its checks pass: `status` shows them (drain again one you had drained)")  # fmt: skip
+        if name == FRONT:
+            fleet.restart_haproxy()
+            say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}); each replica is back in "
+                "rotation once its checks pass: `status` shows them (drain again one you had drained)")  # fmt: skip
+        else:
+            fleet.restart_prometheus()
+            say(f"==> Prometheus runs again on {fleet.prometheus_url} (pid {fleet.prometheus.pid}), on its data "
+                "folder: the series it had written to disk go on; nothing was scraped while it was down")  # fmt: skip
 
 
 def replica_to_restart(fleet: Fleet, name: str) -> Replica:

@@ -744,7 +744,7 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
     to the front fails), started again on the same configuration, recorded, r0 back UP and the front answering."""
     refused = fleet_command(fronted.root, "restart", "haproxy")
     assert refused.returncode == 1, refused
-    assert f"fleet: HAProxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
+    assert f"fleet: haproxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
     fronted.haproxy.kill()  # left a zombie until after the restart, as a container's init may leave it
     wait_until(lambda: psutil.Process(fronted.haproxy.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
     with pytest.raises(requests.ConnectionError):
@@ -759,6 +759,30 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
     assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
     assert "haproxy" not in ended_processes(fronted.root)  # what `status` reads
     fronted.haproxy.wait()
+
+
+def test_restart_prometheus_starts_a_killed_one_again_on_its_port_and_data(fronted):
+    """`restart prometheus`: refused while the recorded Prometheus runs; once it is killed (left a zombie), started
+    again on the configuration, port and data folder it had, recorded, ready and scraping HAProxy again (the replica
+    here is a stand-in with no metrics)."""
+
+    def front_scraped() -> list[str]:
+        return [sample["value"][1] for sample in fronted.api("query", query='up{job="haproxy"}')["result"]]
+
+    fronted._start_prometheus()
+    wait_until(lambda: _answers(lambda: front_scraped() == ["1"]), 60, "Prometheus to scrape HAProxy")
+    refused = fleet_command(fronted.root, "restart", "prometheus")
+    assert refused.returncode == 1, refused
+    assert f"fleet: prometheus (pid {fronted.prometheus.pid}) is running: nothing to restart" in refused.stderr
+    fronted.prometheus.kill()
+    wait_until(lambda: psutil.Process(fronted.prometheus.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    started = fleet_command(fronted.root, "restart", "prometheus")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert f"==> Prometheus runs again on {fronted.prometheus_url}" in started.stdout, started.stdout
+    record = json.loads(fronted.processes_file.read_text())["prometheus"]
+    assert record["pid"] != fronted.prometheus.pid and same_process(record) is not None
+    wait_until(lambda: _answers(lambda: front_scraped() == ["1"]), 60, "the new Prometheus to scrape HAProxy")
+    fronted.prometheus.wait()
 
 
 def test_up_refuses_to_start_without_haproxy_and_prometheus_and_writes_nothing(fleet, monkeypatch, tmp_path):
@@ -925,7 +949,7 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
     assert gone.stderr.splitlines() == [
         f"fleet: haproxy (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root {tmp_path} "
-        "restart haproxy starts it again on its ports"
+        "restart haproxy starts it again as it ran"
     ], gone.stderr
     ended.wait()  # reaped: gone altogether
     records["haproxy"], records["prometheus"] = process_record(os.getpid()), record  # Prometheus ended instead
@@ -933,8 +957,7 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     gone = fleet_command(tmp_path, "status")
     assert gone.stderr.splitlines() == [
         f"fleet: prometheus (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root "
-        f"{tmp_path} down stops the rest, then .venv/bin/python -m scripts.fleet --root {tmp_path} up (with the "
-        "options it had) starts the fleet again"
+        f"{tmp_path} restart prometheus starts it again as it ran"
     ], gone.stderr
 
 
@@ -1007,7 +1030,9 @@ def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_
     for wrong in (("restart",), ("restart", "r0", "--all")):
         refused = fleet_command(fleet.root, *wrong)
         assert refused.returncode == 1, refused
-        assert "fleet: restart takes one replica (r0, r1, ...), haproxy, or --all" in refused.stderr, refused.stderr
+        assert "fleet: restart takes one replica (r0, r1, ...), haproxy, prometheus, or --all" in refused.stderr, (
+            refused.stderr
+        )
     stand_in = StandInFleet(fleet, probe_url)
     stand_in.replicas[1].archive = "new.mar"  # a roll stopped halfway
     stand_in.save_state()  # the records `restart --all` reads, as `up` and the roll wrote them
