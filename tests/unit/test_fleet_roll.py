@@ -14,6 +14,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -739,6 +740,21 @@ def fronted(fleet, system_packages):
             fleet.down()  # HAProxy, by its pid
 
 
+@contextlib.contextmanager
+def restarted(fleet: Fleet, name: str) -> Iterator[subprocess.CompletedProcess]:
+    """`restart NAME` on the command line. The process it says it started is stopped after the block, by that pid
+    while it runs this fleet's configuration: the fixture's `down` stops only what the fleet recorded."""
+    started = fleet_command(fleet.root, "restart", name)
+    try:
+        yield started
+    finally:
+        said = re.search(r"\(pid (\d+)\)", started.stdout)
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(int(said[1])) if said else None
+            if process is not None and any(str(fleet.dir) in arg for arg in process.cmdline()):
+                process.kill()
+
+
 def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_one_that_runs(fronted):
     """The command line's `restart haproxy`: refused while the recorded HAProxy runs; once it is killed (every request
     to the front fails), started again on the same configuration, recorded, r0 back UP and the front answering."""
@@ -749,15 +765,15 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
     wait_until(lambda: psutil.Process(fronted.haproxy.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
     with pytest.raises(requests.ConnectionError):
         requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
-    started = fleet_command(fronted.root, "restart", "haproxy")
-    assert started.returncode == 0, started.stdout + started.stderr
-    assert f"==> HAProxy runs again on {fronted.front_url}" in started.stdout, started.stdout
-    record = json.loads(fronted.processes_file.read_text())["haproxy"]
-    assert record["pid"] != fronted.haproxy.pid and same_process(record) is not None
-    wait_until(lambda: _answers(fronted.all_servers_up), 30, "the new HAProxy to have r0 UP")
-    answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
-    assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
-    assert "haproxy" not in ended_processes(fronted.root)  # what `status` reads
+    with restarted(fronted, "haproxy") as started:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"==> HAProxy runs again on {fronted.front_url}" in started.stdout, started.stdout
+        record = json.loads(fronted.processes_file.read_text())["haproxy"]
+        assert record["pid"] != fronted.haproxy.pid and same_process(record) is not None
+        wait_until(lambda: _answers(fronted.all_servers_up), 30, "the new HAProxy to have r0 UP")
+        answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
+        assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
+        assert "haproxy" not in ended_processes(fronted.root)  # what `status` reads
     fronted.haproxy.wait()
 
 
@@ -776,12 +792,12 @@ def test_restart_prometheus_starts_a_killed_one_again_on_its_port_and_data(front
     assert f"fleet: prometheus (pid {fronted.prometheus.pid}) is running: nothing to restart" in refused.stderr
     fronted.prometheus.kill()
     wait_until(lambda: psutil.Process(fronted.prometheus.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
-    started = fleet_command(fronted.root, "restart", "prometheus")
-    assert started.returncode == 0, started.stdout + started.stderr
-    assert f"==> Prometheus runs again on {fronted.prometheus_url}" in started.stdout, started.stdout
-    record = json.loads(fronted.processes_file.read_text())["prometheus"]
-    assert record["pid"] != fronted.prometheus.pid and same_process(record) is not None
-    wait_until(lambda: _answers(lambda: front_scraped() == ["1"]), 60, "the new Prometheus to scrape HAProxy")
+    with restarted(fronted, "prometheus") as started:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"==> Prometheus runs again on {fronted.prometheus_url}" in started.stdout, started.stdout
+        record = json.loads(fronted.processes_file.read_text())["prometheus"]
+        assert record["pid"] != fronted.prometheus.pid and same_process(record) is not None
+        wait_until(lambda: _answers(lambda: front_scraped() == ["1"]), 60, "the new Prometheus to scrape HAProxy")
     fronted.prometheus.wait()
 
 
