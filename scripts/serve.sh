@@ -113,6 +113,13 @@ ping_answer() {
   fi
 }
 ping_status() { local answer; answer=$(ping_answer); echo "${answer##*$'\n'}"; }
+# The end of logs/console.log, where what the launcher and the JVM print themselves goes (log4j2.xml writes nothing
+# there): why a start failed.
+console_end() { tail -n 5 logs/console.log | sed 's/^/    /' >&2; }
+# Whether the model has a worker READY, asked of the management API.
+model_ready() {
+  curl -fsS --max-time "$CALL_LIMIT_S" -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"'
+}
 
 # Unless this checkout's TorchServe already runs, every port it binds must be free: else another program
 # would answer below as if it were this server, or this server would fail to bind.
@@ -148,13 +155,13 @@ if running_torchserve(pid_file()) is None: clear_unpacked_archives(pid_file().pa
   .venv/bin/torchserve --start --ncs --ts-config logs/config.properties --model-store model_store \
     --log-config log4j2.xml >logs/console.log 2>&1 || {
     echo "torchserve --start failed; the end of logs/console.log:" >&2
-    tail -n 5 logs/console.log | sed 's/^/    /' >&2
+    console_end
     echo "scripts/stop.sh stops this checkout's TorchServe, or clears a pid file left naming another process" >&2
     exit 1
   }
   # The frontend's pid, as the launcher wrote it before returning: one that ends before it answers (a JVM that
   # cannot start, a configuration it refuses) is said at once, with what it printed, not after the whole wait.
-  frontend=$(cat logs/tmp/.model_server.pid 2>/dev/null || true)
+  frontend=$(cat "$PID_FILE" 2>/dev/null || true)
   frontend_gone() { [ -n "$frontend" ] && ! kill -0 "$frontend" 2>/dev/null; }
   started=$SECONDS  # a deadline, not a count: each /ping may itself take up to CALL_LIMIT_S
   while [ $((SECONDS - started)) -lt 120 ]; do [ "$(ping_status)" = 200 ] || frontend_gone && break; sleep 1; done
@@ -164,8 +171,7 @@ if running_torchserve(pid_file()) is None: clear_unpacked_archives(pid_file().pa
     else
       echo "TorchServe did not answer /ping within 120 s (scripts/stop.sh stops it); the end of logs/console.log:" >&2
     fi
-    # What the JVM printed itself (log4j2.xml writes nothing there): a failure to start is among it.
-    tail -n 5 logs/console.log | sed 's/^/    /' >&2
+    console_end
     echo "TorchServe's own log: logs/ts_log.log" >&2
     exit 1
   fi
@@ -196,13 +202,8 @@ else
 fi
 
 started=$SECONDS
-while [ $((SECONDS - started)) -lt 120 ]; do
-  curl -fsS --max-time "$CALL_LIMIT_S" -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
-    && break
-  sleep 1
-done
-curl -fsS --max-time "$CALL_LIMIT_S" -H @<(auth management) "$MANAGEMENT/models/$MODEL_NAME" | grep -q '"status": "READY"' \
-  || { echo "$MODEL_NAME has no ready worker" >&2; explain_load_failure; exit 1; }
+while [ $((SECONDS - started)) -lt 120 ]; do model_ready && break; sleep 1; done
+model_ready || { echo "$MODEL_NAME has no ready worker" >&2; explain_load_failure; exit 1; }
 
 # What to paste reads the key from key_file.json rather than showing it: this output lands in logs and,
 # under systemd, in the journal. The key reaches curl through a pipe, never its command line (see auth).

@@ -3,7 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/runtime_env.sh
-pid_file=logs/tmp/.model_server.pid
 # `torchserve --stop` stops any TorchServe its pid file names, and a pid is reused (a reboot, a crash): it may now
 # be another TorchServe (a fleet replica, a test's, another checkout's). Only the one that wrote the file is stopped
 # (tooling/torchserve.py, running_torchserve).
@@ -11,11 +10,11 @@ pid=$(.venv/bin/python -c 'from tooling.torchserve import pid_file, running_torc
 server = running_torchserve(pid_file())
 print(server.pid if server else "")')
 if [ -z "$pid" ]; then
-  if [ -f "$pid_file" ]; then
+  if [ -f "$PID_FILE" ]; then
     # Stale, and in the way: `torchserve --start` refuses to start while it names a live TorchServe.
-    echo "stop: $pid_file named pid $(head -c 20 "$pid_file" | tr -d '\n'), not this checkout's TorchServe: removed the file," \
+    echo "stop: $PID_FILE named pid $(head -c 20 "$PID_FILE" | tr -d '\n'), not this checkout's TorchServe: removed the file," \
       "left that process alone"
-    rm -f "$pid_file"
+    rm -f "$PID_FILE"
   fi
   echo "stop: this checkout's TorchServe is not running"
   exit 0
@@ -27,8 +26,7 @@ kill -CONT "$pid" 2>/dev/null || true
 # --foreground waits up to 60 s for the server, then removes the pid file whether or not it has exited: whether it
 # has is read here (a zombie, exited but not yet reaped, counts as gone).
 for _ in $(seq 1 50); do
-  state=$(sed -n 's/^State:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null || true)
-  if [ -z "$state" ] || [ "${state:0:1}" = Z ]; then
+  if process_ended "$pid"; then
     echo "stop: done"
     exit 0
   fi

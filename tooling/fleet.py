@@ -489,10 +489,7 @@ class Fleet:
         if check.returncode != 0:
             raise FleetError(f"haproxy rejects {config}:\n{check.stdout}{check.stderr}")
         self.socket_path.unlink(missing_ok=True)
-        # -db: stay in the foreground, one process, so its pid is the one to stop.
-        self.haproxy = self._spawn(["haproxy", "-db", "-f", str(config)], "haproxy.log")
-        self.records["haproxy"] = process_record(self.haproxy.pid)
-        self.save_state()
+        self.haproxy = self._run(FRONT, self._haproxy_command())
 
     def restart_haproxy(self, timeout: float = 30.0) -> None:
         """Start HAProxy again on the configuration it ran, on the same front, stats and socket, once its process has
@@ -501,7 +498,7 @@ class Fleet:
         again. FleetError while the recorded HAProxy still runs, or when the new one does not answer."""
         self.haproxy = self._start_again(
             FRONT,
-            ["haproxy", "-db", "-f", str(self.dir / "haproxy.cfg")],
+            self._haproxy_command(),
             answers=lambda: self.servers() is not None,
             prepare=lambda: self.socket_path.unlink(missing_ok=True),
             timeout=timeout,
@@ -532,9 +529,7 @@ class Fleet:
         if record and still_running(record):
             raise FleetError(f"{name} (pid {record['pid']}) is running: nothing to restart")
         prepare()
-        process = self._spawn(command, f"{name}.log")
-        self.records[name] = process_record(process.pid)
-        self.save_state()
+        process = self._run(name, command)
         failed = FleetError(f"{name} did not start again: {self.dir / f'{name}.log'} says why")
 
         def started() -> bool:  # wait_for polls through the errors of a process not listening yet
@@ -547,6 +542,18 @@ class Fleet:
         except FleetError:
             raise failed from None
         return process
+
+    def _run(self, name: str, command: list[str]) -> subprocess.Popen:
+        """HAProxy or Prometheus (`name`, as the records and its log file name it) started with `command`, and
+        recorded for `down` at once."""
+        process = self._spawn(command, f"{name}.log")
+        self.records[name] = process_record(process.pid)
+        self.save_state()
+        return process
+
+    def _haproxy_command(self) -> list[str]:
+        # -db: stay in the foreground, one process, so its pid is the one to stop.
+        return ["haproxy", "-db", "-f", str(self.dir / "haproxy.cfg")]
 
     def _prometheus_command(self) -> list[str]:
         return [
@@ -574,9 +581,7 @@ class Fleet:
         )
         # A previous fleet's series name ports that no longer exist.
         shutil.rmtree(self.dir / "prometheus-data", ignore_errors=True)
-        self.prometheus = self._spawn(self._prometheus_command(), "prometheus.log")
-        self.records["prometheus"] = process_record(self.prometheus.pid)
-        self.save_state()
+        self.prometheus = self._run("prometheus", self._prometheus_command())
 
     def _stop_popen(self, process: subprocess.Popen | None) -> None:
         if process is None:

@@ -369,10 +369,15 @@ def owner_only(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
+def server_temp_dir(workdir: Path) -> Path:
+    """The temp folder of a server in `workdir`: its pid file, unpacked archives and worker sockets."""
+    return workdir / "tmp"
+
+
 def server_environment(workdir: Path) -> dict[str, str]:
     """Environment that keeps TorchServe's pid file, temp files and logs inside workdir, without the variables
     that would override its configuration (IGNORED_VARIABLES)."""
-    tmp = workdir / "tmp"
+    tmp = server_temp_dir(workdir)
     logs = workdir / "logs"
     tmp.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
@@ -472,9 +477,10 @@ class TorchServe:
             "--model-store", str(self.model_store),
             "--log-config", str(LOG_CONFIG),  # TorchServe's own logging, query strings redacted from the access log
         ]  # fmt: skip
-        clear_unpacked_archives(self.workdir / "tmp")  # a restart's workdir may hold what a killed server left
+        clear_unpacked_archives(server_temp_dir(self.workdir))  # a restart's workdir may hold what a killed one left
         # Its standard output is its owner's alone, as every file it writes itself.
-        console = open(self.log_dir.parent / "console.log", "ab", opener=owner_only)  # noqa: SIM115 - closed in stop()
+        console_log = self.workdir / "console.log"
+        console = open(console_log, "ab", opener=owner_only)  # noqa: SIM115 - closed in stop()
         self._console = console
         self.process = subprocess.Popen(
             command,
@@ -492,7 +498,6 @@ class TorchServe:
             if self.process.poll() is not None:
                 # Its process group may still hold what it started (the Java frontend, workers): stopped with it.
                 self.stop()
-                console_log = self.workdir / "console.log"
                 # What the launcher and the JVM printed themselves (log4j2.xml writes nothing else there): the cause.
                 end = console_log.read_text(errors="replace").strip().splitlines()[-5:]
                 raise RuntimeError(

@@ -740,6 +740,13 @@ def fronted(fleet, system_packages):
             fleet.down()  # HAProxy, by its pid
 
 
+def kill_leaving_a_zombie(process: subprocess.Popen) -> None:
+    """SIGKILL a process this test started and return once it is a zombie, not reaped: as a process orphaned to a
+    container's init can stay, which the fleet must take for ended."""
+    process.kill()
+    wait_until(lambda: psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+
+
 @contextlib.contextmanager
 def restarted(fleet: Fleet, name: str) -> Iterator[subprocess.CompletedProcess]:
     """`restart NAME` on the command line. The process it says it started is stopped after the block, by that pid
@@ -758,11 +765,10 @@ def restarted(fleet: Fleet, name: str) -> Iterator[subprocess.CompletedProcess]:
 def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_one_that_runs(fronted):
     """The command line's `restart haproxy`: refused while the recorded HAProxy runs; once it is killed (every request
     to the front fails), started again on the same configuration, recorded, r0 back UP and the front answering."""
-    refused = fleet_command(fronted.root, "restart", "haproxy")
-    assert refused.returncode == 1, refused
-    assert f"fleet: haproxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
-    fronted.haproxy.kill()  # left a zombie until after the restart, as a container's init may leave it
-    wait_until(lambda: psutil.Process(fronted.haproxy.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    with restarted(fronted, "haproxy") as refused:  # what a wrong start would leave running is stopped too
+        assert refused.returncode == 1, refused
+        assert f"fleet: haproxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
+    kill_leaving_a_zombie(fronted.haproxy)  # reaped only after the restart
     with pytest.raises(requests.ConnectionError):
         requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
     with restarted(fronted, "haproxy") as started:
@@ -787,11 +793,10 @@ def test_restart_prometheus_starts_a_killed_one_again_on_its_port_and_data(front
 
     fronted._start_prometheus()
     wait_until(lambda: _answers(lambda: front_scraped() == ["1"]), 60, "Prometheus to scrape HAProxy")
-    refused = fleet_command(fronted.root, "restart", "prometheus")
-    assert refused.returncode == 1, refused
-    assert f"fleet: prometheus (pid {fronted.prometheus.pid}) is running: nothing to restart" in refused.stderr
-    fronted.prometheus.kill()
-    wait_until(lambda: psutil.Process(fronted.prometheus.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    with restarted(fronted, "prometheus") as refused:
+        assert refused.returncode == 1, refused
+        assert f"fleet: prometheus (pid {fronted.prometheus.pid}) is running: nothing to restart" in refused.stderr
+    kill_leaving_a_zombie(fronted.prometheus)
     with restarted(fronted, "prometheus") as started:
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"==> Prometheus runs again on {fronted.prometheus_url}" in started.stdout, started.stdout
@@ -953,11 +958,9 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
     assert "Traceback" not in gone.stderr and "no longer running" not in gone.stderr, gone.stderr
     # Its records name an HAProxy that has ended (killed) and a Prometheus that runs (here this process): said so.
-    # The HAProxy a zombie, not yet reaped, as a process orphaned to a container's init can stay.
     ended = subprocess.Popen(["sleep", "60"])
     record = process_record(ended.pid)
-    ended.kill()
-    wait_until(lambda: psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    kill_leaving_a_zombie(ended)
     records = {"replicas": [], "surge": None, "haproxy": record, "prometheus": process_record(os.getpid())}
     (tmp_path / "fleet").mkdir()
     write_atomically(tmp_path / "fleet" / "processes.json", records)
