@@ -162,7 +162,7 @@ if running_torchserve(pid_file()) is None: clear_unpacked_archives(pid_file().pa
   # The frontend's pid, as the launcher wrote it before returning: one that ends before it answers (a JVM that
   # cannot start, a configuration it refuses) is said at once, with what it printed, not after the whole wait.
   frontend=$(cat "$PID_FILE" 2>/dev/null || true)
-  frontend_gone() { [ -n "$frontend" ] && ! kill -0 "$frontend" 2>/dev/null; }
+  frontend_gone() { [ -n "$frontend" ] && process_ended "$frontend"; }
   started=$SECONDS  # a deadline, not a count: each /ping may itself take up to CALL_LIMIT_S
   while [ $((SECONDS - started)) -lt 120 ]; do [ "$(ping_status)" = 200 ] || frontend_gone && break; sleep 1; done
   if [ "$(ping_status)" != 200 ]; then

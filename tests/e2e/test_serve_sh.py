@@ -323,10 +323,23 @@ def stand_in_torchserve(checkout: Path, code: str) -> Iterator[subprocess.Popen]
         server.wait()
 
 
-def run_serve_sh(checkout: Path, timeout: float) -> subprocess.CompletedProcess:
-    """serve.sh in the checkout on the CPU, to its end; its limit is below pytest's, so a hang fails here, named."""
+# Runs its arguments as a subreaper (prctl PR_SET_CHILD_SUBREAPER): a process orphaned below it (the Java frontend,
+# once its launcher exits) becomes its child and, dead, stays a zombie until the command ends, as under a container's
+# init that does not reap.
+SUBREAPER = (
+    "import ctypes, subprocess, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+    "sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+)
+
+
+def run_serve_sh(checkout: Path, timeout: float, zombies: bool = False) -> subprocess.CompletedProcess:
+    """serve.sh in the checkout on the CPU, to its end; its limit is below pytest's, so a hang fails here, named.
+    `zombies`: under SUBREAPER."""
+    command = ["bash", "scripts/serve.sh"]
+    if zombies:
+        command = [sys.executable, "-c", SUBREAPER, *command]
     return subprocess.run(
-        ["bash", "scripts/serve.sh"], cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        command, cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         env={**without_setup_demo(), "BERT_DEVICE": "cpu", "WORKERS": "1"}, timeout=timeout,
     )  # fmt: skip
 
@@ -364,11 +377,12 @@ def test_serve_sh_says_a_frontend_that_takes_connections_and_never_answers_is_hu
 def test_serve_sh_says_at_once_why_a_frontend_that_cannot_start_ended(tmp_path):
     """A JVM that cannot start (a heap too small for it, from config.properties' vmargs) ends before /ping answers:
     serve.sh says so at once, with what it printed (logs/console.log, where log4j2.xml writes nothing else), rather
-    than wait out its two minutes and point at TorchServe's log, which does not hold the cause."""
+    than wait out its two minutes and point at TorchServe's log, which does not hold the cause. The dead JVM stays a
+    zombie meanwhile (nothing reaps it until serve.sh ends), which has ended all the same."""
     checkout, _ = checkout_without_a_model(tmp_path)
     config = checkout / "config.properties"
     config.write_text(config.read_text() + "vmargs=-Xmx1k\n")
-    run = run_serve_sh(checkout, timeout=90)
+    run = run_serve_sh(checkout, timeout=90, zombies=True)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "ended before it answered /ping; the end of logs/console.log:" in run.stderr, run.stderr
     assert "heap" in run.stderr, run.stderr  # the JVM's own words
