@@ -1,7 +1,7 @@
 """A fleet on one machine: N TorchServe replicas behind HAProxy, watched by Prometheus (tooling/fleet.py).
 
     .venv/bin/python -m scripts.fleet up --replicas 2     # start; prints the front URL and a curl
-    .venv/bin/python -m scripts.fleet status              # what runs, HAProxy's and Prometheus's view
+    .venv/bin/python -m scripts.fleet status              # what runs, HAProxy's and Prometheus's view (--json)
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
@@ -87,40 +87,69 @@ Stop: {fleet_command(args, "down")}""")
     return 0
 
 
-def status(args: argparse.Namespace) -> int:
+def health(args: argparse.Namespace) -> dict:
+    """What `status` says of the fleet under --root, as one document (`status --json` prints it as it is): its
+    records (`fleet`, fleet.json), HAProxy's view of each server (`haproxy`), Prometheus's of each scrape target
+    (`prometheus`), and `problems`: a line each, what is wrong and what mends it, empty while the fleet is well.
+    A view the fleet could not give is null."""
+    report: dict = {"fleet": None, "haproxy": None, "prometheus": None, "problems": []}
+    problems = report["problems"]
     try:
-        state = read_state(args.root)
+        report["fleet"] = state = read_state(args.root)
     except FileNotFoundError:
-        print(f"no fleet is up under {args.root}")
-        return 1
-    print(json.dumps(state, indent=2))
+        problems.append(f"no fleet is up under {args.root}")
+        return report
     import requests
 
     try:
         servers = haproxy_servers(state["haproxy_socket"])
         targets = requests.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     except (OSError, requests.RequestException, KeyError, ValueError) as error:
-        print(f"could not reach the fleet: {error}")
+        problems.append(f"could not reach the fleet: {error}")
         # The front (every request fails meanwhile) or the watch: neither comes back by itself.
         for name, pid in ended_processes(args.root).items():
-            print(f"fleet: {name} (pid {pid}) no longer running: {fleet_command(args, f'restart {name}')} starts it "
-                  "again as it ran", file=sys.stderr)  # fmt: skip
-        return 1
-    for name, row in servers.items():
-        print(f"haproxy: {name} {row['status']}, {row['scur']} in flight, {row['stot']} requests")
-    for target in targets:
-        labels = target["labels"]
-        who = f"{labels['job']} {labels['replica']}" if "replica" in labels else labels["job"]
-        print(f"prometheus: {who} {target['scrapeUrl']} {target['health']}")
+            problems.append(f"{name} (pid {pid}) no longer running: {fleet_command(args, f'restart {name}')} starts "
+                            "it again as it ran")  # fmt: skip
+        return report
+    report["haproxy"] = {
+        name: {"status": row["status"], "in_flight": int(row["scur"]), "requests": int(row["stot"])}
+        for name, row in servers.items()
+    }
+    report["prometheus"] = [
+        {
+            "job": target["labels"]["job"],
+            "replica": target["labels"].get("replica"),
+            "url": target["scrapeUrl"],
+            "health": target["health"],
+        }
+        for target in targets
+    ]
     # Drained or in maintenance is the operator's doing; DOWN is a replica HAProxy's checks find not answering.
-    dead = [name for name, row in servers.items() if is_down(row["status"])]
-    for name in dead:
-        print(f"fleet: {name} is DOWN: its TorchServe does not answer (logs under {args.root / 'fleet' / name}); "
-              f"{starts_again(args, name)}", file=sys.stderr)  # fmt: skip
-    unscraped = [target["scrapeUrl"] for target in targets if target["health"] == "down"]
+    for name, row in servers.items():
+        if is_down(row["status"]):
+            problems.append(f"{name} is DOWN: its TorchServe does not answer (logs under "
+                            f"{args.root / 'fleet' / name}); {starts_again(args, name)}")  # fmt: skip
+    unscraped = [target["url"] for target in report["prometheus"] if target["health"] == "down"]
     if unscraped:  # BertReplicaDown's cause, which HAProxy's view may not show (a metrics port alone gone)
-        print(f"fleet: Prometheus cannot scrape {', '.join(unscraped)}", file=sys.stderr)
-    return 1 if dead or unscraped else 0
+        problems.append(f"Prometheus cannot scrape {', '.join(unscraped)}")
+    return report
+
+
+def status(args: argparse.Namespace) -> int:
+    report = health(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif report["fleet"] is not None:
+        print(json.dumps(report["fleet"], indent=2))
+        for name, row in (report["haproxy"] or {}).items():
+            print(f"haproxy: {name} {row['status']}, {row['in_flight']} in flight, {row['requests']} requests")
+        for target in report["prometheus"] or []:
+            who = " ".join(filter(None, (target["job"], target["replica"])))
+            print(f"prometheus: {who} {target['url']} {target['health']}")
+    if not args.json:
+        for problem in report["problems"]:
+            print(f"fleet: {problem}", file=sys.stderr)
+    return 1 if report["problems"] else 0
 
 
 def starts_again(args: argparse.Namespace, name: str) -> str:
@@ -268,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")
-    commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
+    shown = commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
+    shown.add_argument("--json", action="store_true", help="one JSON document: records, views and problems")
     commands.add_parser("down", help="stop the fleet")
     for state, what in (("drain", "finish in-flight requests, take no new ones"), ("ready", "back in rotation")):
         commands.add_parser(state, help=f"HAProxy: {what}").add_argument("replica", help="r0, r1, ...")

@@ -689,8 +689,19 @@ def test_a_killed_replica_is_named_by_status_refused_by_a_roll_and_started_again
     assert answer.json()["score"] == pytest.approx(answers_alone[TEXTS[1]]["score"], abs=1e-4)
     if replica.cores:  # on its own cores again, as `up` started it
         assert sorted(os.sched_getaffinity(replica.java_pid)) == replica.cores
-    well = lambda: fleet_command(fleet.root, "status", timeout=240).returncode == 0  # noqa: E731
-    wait_for(well, 30, "`status` to find every replica well")
+    wait_for(lambda: well(fleet), 30, "`status` to find every replica well")
+
+
+def well(fleet: Fleet) -> bool:
+    """`status --json` finds nothing wrong: exit 0, no problem, every replica UP in HAProxy, every target scraped."""
+    shown = fleet_command(fleet.root, "status", "--json", timeout=240)
+    report = json.loads(shown.stdout)
+    return (
+        shown.returncode == 0
+        and report["problems"] == []
+        and {row["status"] for name, row in report["haproxy"].items() if name != SURGE} == {"UP"}  # the surge: MAINT
+        and {target["health"] for target in report["prometheus"]} == {"up"}
+    )
 
 
 # ---- rolling onto another archive ------------------------------------------------------------------------

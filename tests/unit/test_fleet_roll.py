@@ -28,7 +28,7 @@ import requests
 
 from tests.deploy.manifests import fake_archive
 from tests.support import answering_every_call, fleet_command, require_system_packages, serving_http, wait_until
-from tooling.fleet import SURGE, Fleet, Replica, ended_processes, file_stamp, write_atomically
+from tooling.fleet import SURGE, Fleet, Replica, ended_processes, file_stamp, read_state, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
 from tooling.paths import REPO
@@ -925,6 +925,7 @@ def test_status_names_each_replica_down_with_what_starts_it_again_and_exits_1(fl
             down = lambda: all(fleet.servers()[name]["status"].startswith("DOWN") for name in ("r0", SURGE))  # noqa: E731
             wait_until(lambda: _answers(down), 30, "r0 and the surge DOWN")
             shown = fleet_command(fleet.root, "status")
+            as_json, state = fleet_command(fleet.root, "status", "--json"), read_state(fleet.root)
         finally:
             fleet.down()
     assert shown.returncode == 1, shown
@@ -934,6 +935,15 @@ def test_status_names_each_replica_down_with_what_starts_it_again_and_exits_1(fl
     assert said[0].endswith(f"scripts.fleet --root {fleet.root} restart r0 starts it again"), said
     assert said[1].startswith(f"fleet: {SURGE} is DOWN") and said[1].endswith("the next `roll`, or `down`, stops it")
     assert said[2:] == [f"fleet: Prometheus cannot scrape {nothing}/metrics"], said
+    # The same, as one document for a script: each view by name, each problem as the text says it.
+    assert as_json.returncode == 1 and as_json.stderr == "", as_json
+    report = json.loads(as_json.stdout)
+    assert report["fleet"] == state, report
+    assert report["haproxy"].keys() == {"r0", SURGE}, report
+    assert report["haproxy"]["r0"]["status"].startswith("DOWN") and report["haproxy"]["r0"]["in_flight"] == 0
+    target = {"job": "torchserve", "replica": "r0", "url": f"{nothing}/metrics", "health": "down"}
+    assert report["prometheus"] == [target], report
+    assert report["problems"] == [line.removeprefix("fleet: ") for line in said], report
 
 
 @needs_system_packages
@@ -950,12 +960,17 @@ def test_a_roll_onto_what_every_replica_serves_succeeds_and_one_from_outside_the
 
 def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_1(tmp_path):
     nothing = fleet_command(tmp_path, "status")
-    assert nothing.returncode == 1 and nothing.stdout.strip() == f"no fleet is up under {tmp_path}", nothing
+    assert nothing.returncode == 1 and nothing.stderr.strip() == f"fleet: no fleet is up under {tmp_path}", nothing
+    assert nothing.stdout == "", nothing.stdout
+    nothing = fleet_command(tmp_path, "status", "--json")
+    assert nothing.returncode == 1 and nothing.stderr == "", nothing
+    problems = [f"no fleet is up under {tmp_path}"]
+    assert json.loads(nothing.stdout) == {"fleet": None, "haproxy": None, "prometheus": None, "problems": problems}
     nothing = fleet_command(tmp_path, "roll", "new.mar")
     assert nothing.returncode == 1 and f"fleet: no fleet is up under {tmp_path}" in nothing.stderr, nothing
     write_atomically(tmp_path / "fleet.json", {"haproxy_socket": str(tmp_path / "gone.sock")})
     gone = fleet_command(tmp_path, "status")
-    assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
+    assert gone.returncode == 1 and "fleet: could not reach the fleet" in gone.stderr, gone
     assert "Traceback" not in gone.stderr and "no longer running" not in gone.stderr, gone.stderr
     # Its records name an HAProxy that has ended (killed) and a Prometheus that runs (here this process): said so.
     ended = subprocess.Popen(["sleep", "60"])
@@ -965,16 +980,25 @@ def test_status_and_roll_of_no_fleet_and_status_of_a_fleet_it_cannot_reach_exit_
     (tmp_path / "fleet").mkdir()
     write_atomically(tmp_path / "fleet" / "processes.json", records)
     gone = fleet_command(tmp_path, "status")
-    assert gone.returncode == 1 and "could not reach the fleet" in gone.stdout, gone
-    assert gone.stderr.splitlines() == [
-        f"fleet: haproxy (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root {tmp_path} "
+    assert gone.returncode == 1, gone
+    said = gone.stderr.splitlines()
+    assert said[0].startswith("fleet: could not reach the fleet: ") and str(tmp_path / "gone.sock") in said[0], said
+    ended_line = (
+        f"haproxy (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root {tmp_path} "
         "restart haproxy starts it again as it ran"
-    ], gone.stderr
+    )
+    assert said[1:] == [f"fleet: {ended_line}"], said
+    shown = fleet_command(tmp_path, "status", "--json")
+    assert shown.returncode == 1 and shown.stderr == "", shown
+    report = json.loads(shown.stdout)
+    assert report["fleet"] == {"haproxy_socket": str(tmp_path / "gone.sock")}, report
+    assert (report["haproxy"], report["prometheus"]) == (None, None), report  # neither view reached
+    assert report["problems"] == [line.removeprefix("fleet: ") for line in said], report
     ended.wait()  # reaped: gone altogether
     records["haproxy"], records["prometheus"] = process_record(os.getpid()), record  # Prometheus ended instead
     write_atomically(tmp_path / "fleet" / "processes.json", records)
     gone = fleet_command(tmp_path, "status")
-    assert gone.stderr.splitlines() == [
+    assert gone.stderr.splitlines()[1:] == [
         f"fleet: prometheus (pid {record['pid']}) no longer running: .venv/bin/python -m scripts.fleet --root "
         f"{tmp_path} restart prometheus starts it again as it ran"
     ], gone.stderr
