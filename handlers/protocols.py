@@ -248,6 +248,11 @@ def _kserve_v2(document: Mapping[str, Any], max_instances: int) -> ParsedRequest
         columns.append(column)
     text_input = 0
     if len(inputs) == 1:
+        # Any name serves for a lone input of texts, but not the pair's second one: as JSON and forms refuse a
+        # `text_pair` without its `text`, rather than classify the second text as if it were the first.
+        if inputs[0].get("name") == PAIR_FIELD:
+            return malformed(f"an input named {PAIR_FIELD!r} is the second text of a pair: send the first as an "
+                             f"input named {TEXT_FIELD!r} beside it")  # fmt: skip
         data = columns[0]
     else:
         names = [tensor["name"] for tensor in inputs]

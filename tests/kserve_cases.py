@@ -27,6 +27,13 @@ MALFORMED: list[tuple[str, Any, int, str, str]] = [
         "must be named 'text' and 'text_pair'",
     ),
     ("v2 three inputs", {"inputs": [v2_input] * 3}, 400, "MalformedRequest", "expected one input tensor"),
+    (  # a pair's second text alone, its `text` input dropped: read as the text, it would be answered wrongly
+        "v2 text_pair without text",
+        {"inputs": [{**v2_input, "name": "text_pair"}]},
+        400,
+        "MalformedRequest",
+        "an input named 'text_pair' is the second text of a pair: send the first as an input named 'text' beside it",
+    ),
     (
         "v2 two inputs, one name not a string",
         {"inputs": [v2_input, {**v2_input, "name": ["text_pair"]}]},
