@@ -29,6 +29,10 @@ if ! command -v curl >/dev/null 2>&1; then
   exit 1
 fi
 
+# A setting that cannot mean anything (WORKERS=0, MAX_BATCH_DELAY=-1, LATENCY_BUDGET_MS=1s) is said now, by its name,
+# before a set-up of minutes; the system's python3, as the set-up's (.venv may not exist yet).
+"${PYTHON:-python3}" -m scripts.serve_settings
+
 # An archive other than the demo is the user's to make (docs/checkpoints.md): one missing is said now, before the
 # set-up and a server start, not as the registration's 404 after them.
 if [ "${MODEL_NAME:-bert}" != bert ] && [ ! -f "model_store/${MODEL_NAME}.mar" ]; then
@@ -42,7 +46,9 @@ fi
 SETUP_DEMO=${SETUP_DEMO:-$([ "${MODEL_NAME:-bert}" = bert ] && echo 1 || echo 0)} SETUP_EXTRAS=${SETUP_EXTRAS-} \
   scripts/setup.sh
 source scripts/runtime_env.sh
-eval "$(.venv/bin/python scripts/detect_device.py)"
+# Assigned first, then eval'd: eval of a failed command substitution runs nothing and succeeds (set -e goes on).
+device=$(.venv/bin/python scripts/detect_device.py)
+eval "$device"
 if [ "$DEVICE" = gpu ]; then
   BATCH_SIZE=${BATCH_SIZE:-128} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-5} WORKERS=${WORKERS:-$((WORKERS_PER_GPU * GPUS))}
 else
@@ -51,9 +57,10 @@ fi
 MODEL_NAME=${MODEL_NAME:-bert}
 THROUGHPUT_GIVEN=${THROUGHPUT_RPS:-}
 UNITS=$([ "$DEVICE" = gpu ] && echo "$GPUS" || nproc)
-eval "$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$UNITS" --workers "$WORKERS" \
+budget=$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$UNITS" --workers "$WORKERS" \
   --batch-size "$BATCH_SIZE" ${LATENCY_BUDGET_MS:+--budget-ms "$LATENCY_BUDGET_MS"} \
-  ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})"
+  ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})
+eval "$budget"
 # config.properties leaves default_workers_per_model and job_queue_size to the launcher (see there):
 # the server runs a copy with them, logs/config.properties, written only when this script starts it (below),
 # so that it always describes the running server.

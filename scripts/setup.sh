@@ -7,13 +7,16 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 
-# HAProxy and Prometheus (Debian packages) for the fleet: installed when missing and running as root.
-scripts/install_system_packages.sh
-
 # A GPU host (scripts/detect_device.py: nvidia-smi lists a GPU, or PYTHON's torch sees CUDA;
 # BERT_DEVICE=cpu|gpu forces it) gets torch with CUDA and the demo archived for the GPU.
-eval "$("$PYTHON" scripts/detect_device.py --python "$PYTHON")"
+# Assigned first, then eval'd: eval of a failed command substitution runs nothing and succeeds (set -e goes on).
+device=$("$PYTHON" scripts/detect_device.py --python "$PYTHON")
+eval "$device"
 echo "==> device: $DEVICE ($DEVICE_REASON)"
+
+# HAProxy and Prometheus (Debian packages) for the fleet: installed when missing and running as root. After the
+# device, so that a BERT_DEVICE it cannot read is said before an apt-get of seconds to minutes.
+scripts/install_system_packages.sh
 
 # torch: on a CPU host the pinned CPU build this project is tested with. On a GPU host whose PYTHON
 # already has a CUDA torch (a CUDA container, a GPU image), .venv sees it and keeps it; otherwise the

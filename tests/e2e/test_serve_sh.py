@@ -400,13 +400,21 @@ def test_stop_sh_stops_a_frozen_frontend_in_seconds(tmp_path):
         assert server.wait(timeout=10) == -signal.SIGTERM
 
 
+def checkout_before_set_up(root: Path) -> tuple[Path, Path]:
+    """What serve.sh runs before its set-up (scripts/, tooling/), the set-up a stand-in that touches a mark and fails:
+    (the checkout, the mark). For the runs that must end before the set-up, and one that must get that far."""
+    checkout = root / "checkout"
+    for folder in ("scripts", "tooling"):
+        shutil.copytree(REPO / folder, checkout / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    mark = root / "set-up-ran"
+    (checkout / "scripts" / "setup.sh").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(mark))}\nexit 1\n")
+    return checkout, mark
+
+
 def test_serve_sh_without_curl_names_the_package_before_anything_runs(tmp_path):
     """PATH holds every command of the test's PATH but curl: serve.sh stops at once, naming the package, before the
     set-up (here a stand-in that leaves a mark) or anything else runs."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
-    mark = tmp_path / "set-up-ran"
-    (checkout / "scripts" / "setup.sh").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(mark))}\n")
+    checkout, mark = checkout_before_set_up(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for directory in filter(os.path.isdir, os.environ["PATH"].split(os.pathsep)):
@@ -446,11 +454,8 @@ def without_setup_demo() -> dict[str, str]:
 def test_serve_sh_for_an_archive_not_in_the_store_says_how_to_make_it_before_anything_runs(tmp_path):
     """MODEL_NAME naming no archive of model_store/: said at once, with the command that makes it, before the set-up
     (here a stand-in that leaves a mark) or a server start; the registration's 404 came minutes later."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    checkout, mark = checkout_before_set_up(tmp_path)
     (checkout / "model_store").mkdir()
-    mark = tmp_path / "set-up-ran"
-    (checkout / "scripts" / "setup.sh").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(mark))}\n")
     run = subprocess.run(
         ["bash", "scripts/serve.sh"], cwd=checkout, env={**os.environ, "MODEL_NAME": "mine"},
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
@@ -459,3 +464,44 @@ def test_serve_sh_for_an_archive_not_in_the_store_says_how_to_make_it_before_any
     assert "no model_store/mine.mar to serve" in run.stderr, run.stderr
     assert "python -m scripts.archive_model CHECKPOINT --name mine" in run.stderr, run.stderr
     assert not mark.exists() and not (checkout / "logs").exists()
+
+
+SETTINGS = ("BATCH_SIZE", "MAX_BATCH_DELAY", "WORKERS", "LATENCY_BUDGET_MS", "THROUGHPUT_RPS")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("BATCH_SIZE", "0", "0 is not a whole number of 1 or more"),
+        ("MAX_BATCH_DELAY", "-1", "-1 is negative"),  # TorchServe registered it as given
+        ("WORKERS", "two", "'two' is not a whole number"),
+        ("LATENCY_BUDGET_MS", "1s", "'1s' is not a whole number"),
+        ("LATENCY_BUDGET_MS", "1_000", "'1_000' is not a whole number: digits only"),  # Python's int() takes it
+        ("THROUGHPUT_RPS", "inf", "'inf' is not a finite number"),
+    ],
+)
+def test_serve_sh_refuses_a_setting_that_means_nothing_by_its_name_before_the_set_up(tmp_path, name, value, why):
+    """It was scripts/latency_budget.py's usage after the set-up (minutes on a fresh machine), naming `--budget-ms`,
+    which the user never typed, then a shell error; MAX_BATCH_DELAY=-1 was registered as given."""
+    checkout, mark = checkout_before_set_up(tmp_path)
+    environment = {key: item for key, item in os.environ.items() if key not in SETTINGS}
+    run = subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=checkout, env={**environment, name: value}, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1, run
+    assert run.stderr.startswith(f"scripts/serve.sh: {name}: {why} ("), run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert not mark.exists() and not (checkout / "logs").exists()
+
+
+def test_serve_sh_takes_every_setting_that_means_something_and_empty_ones_as_unset(tmp_path):
+    """The least values that mean something, and empty ones (serve.sh's defaults), get as far as the set-up."""
+    checkout, mark = checkout_before_set_up(tmp_path)
+    given = dict(zip(SETTINGS, ("1", "0", "", "1", "0.5"), strict=True))
+    run = subprocess.run(
+        ["bash", "scripts/serve.sh"], cwd=checkout, env={**os.environ, **given}, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert mark.exists(), run  # the stand-in set-up ran (and failed, ending the run)
+    assert "scripts/serve.sh:" not in run.stderr, run.stderr

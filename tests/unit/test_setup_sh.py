@@ -54,7 +54,9 @@ def checkout(tmp_path) -> Path:
     (checkout / "scripts").mkdir(parents=True)
     for name in ("setup.sh", "detect_device.py"):
         shutil.copy(REPO / "scripts" / name, checkout / "scripts" / name)
-    (checkout / "scripts" / "install_system_packages.sh").write_text("#!/usr/bin/env bash\n")
+    (checkout / "scripts" / "install_system_packages.sh").write_text(
+        '#!/usr/bin/env bash\necho system-packages >>"$LOG"\n'
+    )
     (checkout / "scripts" / "install_system_packages.sh").chmod(0o755)
     for name in ("pyproject.toml", "requirements.lock", "model-config.yaml", "handlers/handler.py",
                  "tooling/archiving.py", "tooling/onnx_export.py", "build/demo-model/config.json"):  # fmt: skip
@@ -90,6 +92,16 @@ def calls(checkout: Path) -> list[str]:
 
 def creations(checkout: Path) -> list[str]:
     return [line for line in calls(checkout) if line.startswith("venv ")]
+
+
+def test_a_device_setting_it_cannot_read_stops_the_set_up_with_its_reason_alone(checkout):
+    """detect_device refuses BERT_DEVICE=foo; the set-up went on past it (eval of a failed substitution succeeds) into
+    a shell error, `DEVICE: unbound variable`."""
+    refused = setup(checkout, BERT_DEVICE="foo")
+    assert refused.returncode == 2, refused  # detect_device's own status, as argparse's refusals
+    assert refused.stderr.strip() == "detect_device: BERT_DEVICE must be one of auto, cpu, gpu, not 'foo'", refused
+    assert "==> device" not in refused.stdout and calls(checkout) == [], refused.stdout  # no apt-get, no .venv
+    assert setup(checkout).returncode == 0 and "system-packages" in calls(checkout)  # what the stand-in logs
 
 
 def test_a_venv_whose_creation_stopped_before_pip_is_made_again(checkout):
