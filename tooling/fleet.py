@@ -51,6 +51,7 @@ from tooling.fleet_config import (
     haproxy_config,
     haproxy_timeout_server,
     prometheus_config,
+    server_state_file,
     surge_targets,
 )
 from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
@@ -489,13 +490,17 @@ class Fleet:
         if check.returncode != 0:
             raise FleetError(f"haproxy rejects {config}:\n{check.stdout}{check.stderr}")
         self.socket_path.unlink(missing_ok=True)
+        # A new fleet's servers start as configured, whatever states an earlier fleet under this root left: the file
+        # holds the format's version line alone (a missing one would be a warning in the log).
+        server_state_file(self.socket_path).write_text("1\n")
         self.haproxy = self._run(FRONT, self._haproxy_command())
 
     def restart_haproxy(self, timeout: float = 30.0) -> None:
         """Start HAProxy again on the configuration it ran, on the same front, stats and socket, once its process has
-        ended (killed: every request to the front failed meanwhile). The replicas run on as they were; each comes
-        back in rotation as the new HAProxy's checks find it READY, so one an operator had drained is in rotation
-        again. FleetError while the recorded HAProxy still runs, or when the new one does not answer."""
+        ended (killed: every request to the front failed meanwhile). The replicas run on as they were; the new HAProxy
+        loads each server's state as last set through the socket (one drained stays drained, the surge replica a roll
+        runs stays in rotation), and its checks take each one it may use back into rotation once READY. FleetError
+        while the recorded HAProxy still runs, or when the new one does not answer."""
         self.haproxy = self._start_again(
             FRONT,
             self._haproxy_command(),

@@ -64,6 +64,12 @@ def core_shares(replicas: int, cores: Sequence[int]) -> list[list[int] | None]:
     return [cores[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
 
 
+def server_state_file(socket_path: Path | str) -> Path:
+    """Where HAProxy's server states are kept, beside its admin socket: every state set through the socket is saved
+    there (haproxy_admin.set_server_state), and an HAProxy started again loads them (`server-state-file`)."""
+    return Path(socket_path).with_name("haproxy.state")
+
+
 def haproxy_timeout_server(response_timeout: int) -> int:
     """HAProxy's `timeout server`: past the model's own timeout, so TorchServe answers a slow batch first
     (with its own error), with room for the time a request waits in the queue before its batch starts."""
@@ -95,6 +101,7 @@ def haproxy_config(
     ]
     return string.Template(HAPROXY_TEMPLATE.read_text()).substitute(
         socket=socket_path,
+        state_file=server_state_file(socket_path),
         model=model,
         front_port=front_port,
         stats_port=stats_port,

@@ -305,8 +305,8 @@ def restart_watcher(fleet: Fleet, name: str, say: Callable[[str], None] = print)
     with only_roll(fleet.dir):
         if name == FRONT:
             fleet.restart_haproxy()
-            say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}); each replica is back in "
-                "rotation once its checks pass: `status` shows them (drain again one you had drained)")  # fmt: skip
+            say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}), each replica as last set "
+                "(drained stays drained), back in rotation once its checks pass: `status` shows them")  # fmt: skip
         else:
             fleet.restart_prometheus()
             say(f"==> Prometheus runs again on {fleet.prometheus_url} (pid {fleet.prometheus.pid}), on its data "

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import csv
+import os
 import socket
 from pathlib import Path
 
-from tooling.fleet_config import BACKEND, FleetError
+from tooling.fleet_config import BACKEND, FleetError, server_state_file
 
 
 def haproxy_command(socket_path: Path | str, command: str, timeout: float = 5.0) -> str:
@@ -43,3 +44,13 @@ def set_server_state(socket_path: Path | str, name: str, state: str) -> None:
     answer = haproxy_command(socket_path, f"set server {BACKEND}/{name} state {state}").strip()
     if answer:
         raise FleetError(f"haproxy refused to set {name} {state}: {answer}")
+    save_server_states(socket_path)
+
+
+def save_server_states(socket_path: Path | str) -> None:
+    """Write HAProxy's `show servers state` to the file its configuration loads at a start (server_state_file),
+    whole or not at all: an HAProxy killed and started again then has each server as last set."""
+    saved = server_state_file(socket_path)
+    partial = saved.with_name(saved.name + ".partial")
+    partial.write_text(haproxy_command(socket_path, f"show servers state {BACKEND}"))
+    os.replace(partial, saved)

@@ -783,6 +783,48 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
     fronted.haproxy.wait()
 
 
+def test_a_replica_drained_before_haproxy_died_stays_drained_after_its_restart_and_a_new_fleet_starts_from_none(
+    fronted,
+):
+    """`drain r0`, then HAProxy killed: the HAProxy `restart haproxy` starts has r0 DRAIN still, through its checks,
+    and the front answers 503 (no replica in rotation); it had r0 back in rotation, knowing only its configuration.
+    `ready r0` is kept the same way. A new fleet's HAProxy (as `up` starts it) starts from no saved state."""
+    first = fronted.haproxy
+
+    def r0_status() -> str:
+        return fronted.servers()["r0"]["status"]
+
+    def front() -> int:
+        return requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10).status_code
+
+    def restarted_pid(started: subprocess.CompletedProcess) -> int:
+        return int(re.search(r"\(pid (\d+)\)", started.stdout)[1])
+
+    assert fleet_command(fronted.root, "drain", "r0").returncode == 0
+    kill_leaving_a_zombie(first)
+    with restarted(fronted, "haproxy") as started:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "(drained stays drained)" in started.stdout, started.stdout
+        wait_until(lambda: _answers(lambda: "r0" in fronted.servers()), 30, "the new HAProxy's socket")
+        time.sleep(3)  # three health checks (every 1 s, up after 2): r0 answers them, READY
+        assert (r0_status(), front()) == ("DRAIN", 503)
+        assert fleet_command(fronted.root, "ready", "r0").returncode == 0
+        assert front() == 200
+        psutil.Process(restarted_pid(started)).kill()
+        wait_until(lambda: "haproxy" in ended_processes(fronted.root), 10, "HAProxy killed again")
+    with restarted(fronted, "haproxy") as started:
+        assert started.returncode == 0, started.stdout + started.stderr
+        wait_until(lambda: _answers(lambda: r0_status() == "UP"), 30, "r0 UP, as `ready` left it")
+        assert front() == 200
+        fronted.set_server_state("r0", "drain")  # saved, as an earlier fleet under this root may have left it
+        psutil.Process(restarted_pid(started)).kill()
+        wait_until(lambda: "haproxy" in ended_processes(fronted.root), 10, "HAProxy killed again")
+    fronted._start_haproxy()  # as `up` starts it
+    wait_until(lambda: _answers(lambda: r0_status() == "UP"), 30, "a new fleet's r0 UP")
+    assert front() == 200
+    first.wait()
+
+
 def test_restart_prometheus_starts_a_killed_one_again_on_its_port_and_data(fronted):
     """`restart prometheus`: refused while the recorded Prometheus runs; once it is killed (left a zombie), started
     again on the configuration, port and data folder it had, recorded, ready and scraping HAProxy again (the replica
