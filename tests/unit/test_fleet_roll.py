@@ -825,6 +825,30 @@ def test_a_replica_drained_before_haproxy_died_stays_drained_after_its_restart_a
     first.wait()
 
 
+@needs_system_packages
+def test_a_surge_replica_a_roll_put_in_rotation_stays_in_after_an_haproxy_restart(fleet):
+    """The surge slot starts in maintenance (HAProxy's configuration); a roll puts it in rotation through the socket.
+    Killed and started again, HAProxy went back to its configuration and took the running surge replica out."""
+    fleet.replicas = fleet.replicas[:1]
+    del fleet.servers  # HAProxy's own view
+    with serving_http(answering(workers=[{"status": "READY"}])) as url:
+        fleet.replicas[0].addresses = {f"{api}_address": url for api in ("inference", "management", "metrics")}
+        fleet.surge = Replica(SURGE, fleet.root / "fleet" / SURGE, dict(fleet.replicas[0].addresses), None, "old.mar")
+        fleet.dir.mkdir(parents=True)
+        try:
+            fleet._start_haproxy()
+            first = fleet.haproxy
+            wait_until(lambda: _answers(lambda: fleet.servers()[SURGE]["status"] == "MAINT"), 30, "the surge MAINT")
+            fleet.set_server_state(SURGE, "ready")  # what a roll does once the surge answers
+            kill_leaving_a_zombie(first)
+            with restarted(fleet, "haproxy") as started:
+                assert started.returncode == 0, started.stdout + started.stderr
+                wait_until(lambda: _answers(lambda: fleet.servers()[SURGE]["status"] == "UP"), 30, "the surge UP")
+            first.wait()
+        finally:
+            fleet.down()
+
+
 def test_restart_prometheus_starts_a_killed_one_again_on_its_port_and_data(fronted):
     """`restart prometheus`: refused while the recorded Prometheus runs; once it is killed (left a zombie), started
     again on the configuration, port and data folder it had, recorded, ready and scraping HAProxy again (the replica
