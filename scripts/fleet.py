@@ -5,6 +5,7 @@
     .venv/bin/python -m scripts.fleet drain r0            # HAProxy: r0 finishes its requests, gets no new ones
     .venv/bin/python -m scripts.fleet ready r0            # back in rotation
     .venv/bin/python -m scripts.fleet restart r0          # r0 started again on its archive (its TorchServe died)
+    .venv/bin/python -m scripts.fleet restart r0 r1       # several in turn (HAProxy, Prometheus first where named)
     .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
     .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again as it ran (its process died)
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
@@ -34,7 +35,7 @@ from pathlib import Path
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
 from tooling.fleet import DEFAULT_ROOT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import restart, restart_watcher, roll, roll_stopped
+from tooling.fleet_roll import named_replica, restart, restart_watcher, roll, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -229,20 +230,38 @@ def rolled(fleet: Fleet, archive: str, args: argparse.Namespace, every: bool = F
 
 
 def restart_replica(args: argparse.Namespace) -> int:
-    if (args.replica is None) == (not args.all):
-        raise FleetError("restart takes one replica (r0, r1, ...), haproxy, prometheus, or --all")
+    names: list[str] = args.replica
+    if bool(names) == args.all:
+        raise FleetError("restart takes replicas (r0, r1, ...), haproxy or prometheus, or --all")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise FleetError(f"restart names {', '.join(twice)} more than once")
     fleet = Fleet.attach(args.root)
-    if args.replica in WATCHERS:
-        restart_watcher(fleet, args.replica)
-        return 0
     if args.all:
         archives = {replica.archive for replica in fleet.replicas}
         if len(archives) > 1:
             runs = ", ".join(f"{replica.name} {replica.archive}" for replica in fleet.replicas)
             raise FleetError(f"the replicas run different archives ({runs}): finish the roll first (`roll`)")
         return rolled(fleet, archives.pop(), args, every=True)
-    # No stop-between-steps here (there is one step): the first Ctrl-C aborts, saying where it stood.
-    restart(fleet, args.replica, args.probe.read_bytes())
+    # HAProxy first: a replica's restart drains it and puts it back through HAProxy. Every name is checked before
+    # anything is touched; each restart then makes its own checks, in turn.
+    order = [name for name in WATCHERS if name in names] + [name for name in names if name not in WATCHERS]
+    for name in order:
+        if name not in WATCHERS:
+            named_replica(fleet, name)
+    probe = args.probe.read_bytes()
+    for index, name in enumerate(order):
+        # No stop-between-steps here: the first Ctrl-C aborts, saying where it stood.
+        try:
+            if name in WATCHERS:
+                restart_watcher(fleet, name)
+            else:
+                restart(fleet, name, probe)
+        except FleetError as error:
+            if len(order) == 1:
+                raise
+            done, left = ", ".join(order[:index]) or "none", ", ".join(order[index + 1 :]) or "none"
+            raise FleetError(f"{error} (restarted before it: {done}; not tried: {left})") from None
     return 0
 
 
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         help="start a replica again on the archive it runs (drain, restart, probe, back in rotation), or HAProxy or "
         "Prometheus as it ran",
     )
-    again.add_argument("replica", nargs="?", help=f"r0, r1, ..., {' or '.join(WATCHERS)}")
+    again.add_argument("replica", nargs="*", help=f"r0, r1, ..., {' or '.join(WATCHERS)}; several in turn")
     again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")

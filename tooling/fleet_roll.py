@@ -313,14 +313,20 @@ def restart_watcher(fleet: Fleet, name: str, say: Callable[[str], None] = print)
                 "folder: the series it had written to disk go on; nothing was scraped while it was down")  # fmt: skip
 
 
-def replica_to_restart(fleet: Fleet, name: str) -> Replica:
-    """Replica `name`, if `restart` may start it again; FleetError saying why not."""
+def named_replica(fleet: Fleet, name: str) -> Replica:
+    """The fleet's replica `name`; FleetError for the surge slot or a name the fleet has not."""
     if fleet.surge is not None and name == fleet.surge.name:
         raise FleetError(f"{name} is the surge slot, the roll's alone: a roll starts and stops it")
     replica = next((replica for replica in fleet.replicas if replica.name == name), None)
     if replica is None:
         names = ", ".join(replica.name for replica in fleet.replicas)
         raise FleetError(f"no replica {name} in this fleet (it has {names}; `status` lists them)")
+    return replica
+
+
+def replica_to_restart(fleet: Fleet, name: str) -> Replica:
+    """Replica `name`, if `restart` may start it again; FleetError saying why not."""
+    replica = named_replica(fleet, name)
     refuse_unless_as_loaded(
         fleet,
         replica,

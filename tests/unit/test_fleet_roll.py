@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -1135,19 +1136,76 @@ def test_a_second_ctrl_c_aborts_a_roll_and_the_command_line_exits_130_without_a_
     assert down.returncode == 130 and "Traceback" not in err, (down.returncode, out, err)
 
 
-def test_restart_on_the_command_line_takes_one_replica_or_all_and_all_refuses_a_fleet_half_rolled(fleet, probe_url):
+def test_restart_on_the_command_line_takes_names_or_all_and_all_refuses_a_fleet_half_rolled(fleet, probe_url):
     for wrong in (("restart",), ("restart", "r0", "--all")):
         refused = fleet_command(fleet.root, *wrong)
         assert refused.returncode == 1, refused
-        assert "fleet: restart takes one replica (r0, r1, ...), haproxy, prometheus, or --all" in refused.stderr, (
+        assert "fleet: restart takes replicas (r0, r1, ...), haproxy or prometheus, or --all" in refused.stderr, (
             refused.stderr
         )
+    refused = fleet_command(fleet.root, "restart", "r1", "r0", "r1")
+    assert refused.returncode == 1 and "fleet: restart names r1 more than once" in refused.stderr, refused
     stand_in = StandInFleet(fleet, probe_url)
     stand_in.replicas[1].archive = "new.mar"  # a roll stopped halfway
     stand_in.save_state()  # the records `restart --all` reads, as `up` and the roll wrote them
     refused = fleet_command(fleet.root, "restart", "--all")
     assert refused.returncode == 1, refused
     assert "run different archives (r0 old.mar, r1 new.mar): finish the roll first" in refused.stderr, refused.stderr
+    # A name the fleet has not, after one it has: refused before r0 is touched (its restart would fail otherwise:
+    # no HAProxy answers for these records).
+    refused = fleet_command(fleet.root, "restart", "r0", "r9")
+    assert refused.returncode == 1, refused
+    assert refused.stderr.strip() == "fleet: no replica r9 in this fleet (it has r0, r1; `status` lists them)", refused
+
+
+def restart_command(stand_in: StandInFleet, probe: Path, *names: str) -> int:
+    """`scripts.fleet restart NAMES` (its own function), the fleet it attaches `stand_in`."""
+    import argparse
+
+    from scripts.fleet import restart_replica
+
+    args = argparse.Namespace(root=stand_in.root, replica=list(names), all=False, probe=probe, no_surge=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
+        return restart_replica(args)
+
+
+def test_restart_of_several_names_restarts_each_in_turn_haproxy_first_and_a_failure_says_what_was_done(
+    fleet, probe_url, tmp_path, monkeypatch
+):
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    stand_in = StandInFleet(fleet, probe_url)
+    stand_in.states["r1"] = "DOWN"
+    watched: list[str] = []
+    monkeypatch.setattr(  # HAProxy and Prometheus started again: tested above with real ones
+        "scripts.fleet.restart_watcher", lambda fleet, name: watched.append(f"{name} {len(stand_in.restarts)}")
+    )
+    assert restart_command(stand_in, probe, "r1", "prometheus", "r0", "haproxy") == 0
+    assert watched == ["haproxy 0", "prometheus 0"]  # before any replica
+    assert stand_in.restarts == [("r1", "old.mar"), ("r0", "old.mar")] and stand_in.states == {"r0": "UP", "r1": "UP"}
+
+
+@pytest.mark.parametrize(
+    ("names", "where"),
+    [
+        (("r0", "r1"), "restarted before it: none; not tried: r1"),
+        (("r1", "r0"), "restarted before it: r1; not tried: none"),
+    ],
+)
+def test_a_restart_of_several_that_fails_says_which_were_restarted_and_which_not_tried(
+    fleet, probe_url, tmp_path, names, where
+):
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    cannot = FleetError("replica r0 cannot load old.mar: OSError: No space left on device")
+    stand_in = StandInFleet(fleet, probe_url, failures={("r0", "old.mar"): cannot})
+    with pytest.raises(FleetError) as failed:
+        restart_command(stand_in, probe, *names)
+    said = str(failed.value)
+    assert said.startswith("r0 could not be restarted on old.mar: replica r0 cannot load"), said
+    assert said.endswith(f"its logs are under {fleet.replicas[0].workdir / 'logs'} ({where})"), said
+    assert stand_in.restarts == [(name, "old.mar") for name in names[: names.index("r0") + 1]]
 
 
 @pytest.fixture
@@ -1173,7 +1231,7 @@ def test_restart_all_on_the_command_line_restarts_every_replica_on_the_archive_i
     stand_in = StandInFleet(fleet, probe_url)
     probe = tmp_path / "probe.txt"
     probe.write_text("the room was clean")
-    args = argparse.Namespace(root=fleet.root, replica=None, all=True, probe=probe, no_surge=True)
+    args = argparse.Namespace(root=fleet.root, replica=[], all=True, probe=probe, no_surge=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
         exit_status = restart_replica(args)
