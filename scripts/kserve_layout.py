@@ -27,8 +27,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import yaml
-
 from handlers.onnx_forward import ONNX_FILE
 from handlers.options import HandlerOptions
 from tooling.cli_arguments import model_name, non_negative_int, output_folder, positive_float, positive_int
@@ -43,7 +41,7 @@ from tooling.cluster_config import (
     build_kserve_layout,
 )
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
-from tooling.model_archive import NotAnArchive, manifest_model
+from tooling.model_archive import NotAnArchive, cpu_workers, handler_options
 
 # Where the InferenceService's storageUri is set: the CPU one, and the GPU variants' shared component.
 STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"
@@ -61,34 +59,12 @@ def mount_path(value: str) -> str:
     return value
 
 
-def handler_options(archive: Path) -> HandlerOptions:
-    """The handler options of the archive's model-config.yaml (the defaults where it has none); ValueError for a
-    section the handler would refuse at load, NotAnArchive for a file that is not an archive."""
-    config_name = manifest_model(archive).get("configFile")
-    with zipfile.ZipFile(archive) as mar:
-        config = yaml.safe_load(mar.read(config_name)) if config_name else None
-    section = config.get("handler") if isinstance(config, dict) else None
-    if section is not None and not isinstance(section, dict):
-        raise ValueError(f"{archive}: the handler section of its model-config.yaml is not a mapping")
-    try:
-        return HandlerOptions.from_mapping(section)
-    except ValueError as exc:
-        raise ValueError(f"{archive}: its model-config.yaml: {exc}") from exc
-
-
 def holds_onnx_model(archive: Path, options: HandlerOptions) -> bool:
     """Whether the handler serves `archive` with ONNX Runtime: its model folder (the handler option model_subdir,
     `options` as handler_options read them) holds model.onnx (handlers/loading.backend_of)."""
     subdir = options.model_subdir
     with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
-
-
-def cpu_workers(options: HandlerOptions, pod_cpus: int) -> int:
-    """Workers for a CPU pod: as many as its CPUs hold at the archive's cpu_threads each; one for cpu_threads 0,
-    whose worker runs as many threads as the pod's CPU limit allows."""
-    threads = options.cpu_threads
-    return max(1, pod_cpus // threads) if threads > 0 else 1
 
 
 def cpu_cores_used(options: HandlerOptions, workers: int, pod_cpus: int) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import requests
 
+from handlers.cpu_quota import usable_cpus
 from tooling.bench.corpus import build_corpus
 from tooling.bench.loadgen import closed_loop, readings_until_stable
 from tooling.bench.openloop import open_loop
@@ -66,10 +67,10 @@ def budgets_or_none(value: str) -> list[int]:
     return list_of(positive_int)(value) if value else []
 
 
-def nproc() -> int:
-    """What `nproc` prints: the cores this process may run on, which scripts/serve.sh passes as --units and
-    --workers on a CPU host."""
-    return len(os.sched_getaffinity(0))
+def host_cpus() -> int:
+    """The CPUs scripts/serve.sh counts on a CPU host (scripts/cpu_layout.py: the affinity, capped by a cgroup's CPU
+    quota) and passes as --units, and as --workers for the demo archive's one thread per worker."""
+    return usable_cpus()
 
 
 def unpack(archive: Path, into: Path) -> tuple[Path, Path]:
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         store = workdir / "store"
         pack_archive(model_dir, MODEL, store, options)
         texts = build_corpus(200)
-        host_cores = nproc()
+        host_cores = host_cpus()
         cells: list[dict] = []
         saturation = workers = 0
         saturation_after: dict = {}
@@ -267,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"CPU cores: workers {saturation_cpu['workers']:.2f}, "
                              f"frontend {saturation_cpu['frontend']:.2f}")  # fmt: skip
                     if workers != host_cores:
-                        progress(f"note: {workers} workers, where scripts/serve.sh would start {host_cores} (nproc): "
-                                 "the shipped setups' queues are derived for serve.sh's count")  # fmt: skip
+                        progress(f"note: {workers} workers, where scripts/serve.sh would start {host_cores} (one a "
+                                 "CPU): the shipped setups' queues are derived for serve.sh's count")  # fmt: skip
                     plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes,
                                    shipped_budgets, units=host_cores)[1:]  # fmt: skip
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,

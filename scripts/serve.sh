@@ -4,10 +4,10 @@
 #   BATCH_SIZE       largest batch TorchServe hands the handler   (default 8 on CPU, 128 on a GPU)
 #   MAX_BATCH_DELAY  ms TorchServe waits to fill a batch           (default 2 on CPU, 5 on a GPU)
 #   MODEL_NAME       archive in model_store/ to serve              (default bert)
-#   WORKERS          worker processes                              (default: one per core on CPU, the
-#                    demo archive running one thread per worker; 8 per GPU on a GPU host). Also the
-#                    server's default_workers_per_model: what a model registered later without
-#                    initial_workers gets.
+#   WORKERS          worker processes                              (default on a CPU: as many as the CPUs
+#                    hold at the archive's cpu_threads each, so one per CPU for the demo archive's one
+#                    thread; 8 per GPU on a GPU host). Also the server's default_workers_per_model: what
+#                    a model registered later without initial_workers gets.
 #   BERT_DEVICE      cpu|gpu forces the host's kind (default: scripts/detect_device.py decides)
 #   LATENCY_BUDGET_MS  how long a request may wait for its answer (default 1000): the one overload knob.
 #                    The queue (job_queue_size) holds what the workers finish within it; beyond, 503 at
@@ -49,14 +49,19 @@ source scripts/runtime_env.sh
 # Assigned first, then eval'd: eval of a failed command substitution runs nothing and succeeds (set -e goes on).
 device=$(.venv/bin/python scripts/detect_device.py)
 eval "$device"
+MODEL_NAME=${MODEL_NAME:-bert}
 if [ "$DEVICE" = gpu ]; then
   BATCH_SIZE=${BATCH_SIZE:-128} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-5} WORKERS=${WORKERS:-$((WORKERS_PER_GPU * GPUS))}
+  UNITS=$GPUS
 else
-  BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2} WORKERS=${WORKERS:-$(nproc)}
+  # As many workers as the CPUs a worker may use hold at the archive's cpu_threads each, unless WORKERS says:
+  # one per CPU for the demo archive (scripts/cpu_layout.py). Sets CPUS, WORKERS, THREADS, LAYOUT_NOTE, LAYOUT_WARNING.
+  layout=$(.venv/bin/python -m scripts.cpu_layout "model_store/$MODEL_NAME.mar" ${WORKERS:+--workers "$WORKERS"})
+  eval "$layout"
+  UNITS=$CPUS
+  BATCH_SIZE=${BATCH_SIZE:-8} MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-2}
 fi
-MODEL_NAME=${MODEL_NAME:-bert}
 THROUGHPUT_GIVEN=${THROUGHPUT_RPS:-}
-UNITS=$([ "$DEVICE" = gpu ] && echo "$GPUS" || nproc)
 budget=$(.venv/bin/python -m scripts.latency_budget --device "$DEVICE" --units "$UNITS" --workers "$WORKERS" \
   --batch-size "$BATCH_SIZE" ${LATENCY_BUDGET_MS:+--budget-ms "$LATENCY_BUDGET_MS"} \
   ${THROUGHPUT_RPS:+--throughput-rps "$THROUGHPUT_RPS"})
@@ -188,6 +193,10 @@ if curl -fsS --max-time "$CALL_LIMIT_S" -o /dev/null -H @<(auth management) "$MA
   echo "==> $MODEL_NAME is already registered (scripts/stop.sh, then this script, to change batching)"
 else
   echo "==> registering $MODEL_NAME.mar on $DEVICE: batch_size=$BATCH_SIZE max_batch_delay=${MAX_BATCH_DELAY}ms workers=$WORKERS"
+  if [ "$DEVICE" = cpu ]; then
+    if [ -n "$LAYOUT_NOTE" ]; then echo "    $LAYOUT_NOTE"; fi
+    if [ -n "$LAYOUT_WARNING" ]; then echo "    $LAYOUT_WARNING" >&2; fi
+  fi
   if [ -n "$server_queue" ]; then
     echo "    job_queue_size=$server_queue: the running server's, not this run's $JOB_QUEUE_SIZE (see above)"
   else

@@ -303,3 +303,18 @@ def fake_archive(path: Path, version: str = "1.0") -> Path:
     with zipfile.ZipFile(path, "w") as mar:
         mar.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
     return path
+
+
+def archive_with_handler_options(path: Path, handler: dict | None) -> Path:
+    """A .mar with its manifest and a model-config.yaml holding `handler` (none at all for None): what the layout
+    reads of an archive."""
+    import json
+    import zipfile
+
+    model = {"modelName": "bert", "modelVersion": "1.0"}
+    with zipfile.ZipFile(path, "w") as mar:
+        if handler is not None:
+            model["configFile"] = "model-config.yaml"
+            mar.writestr("model-config.yaml", yaml.safe_dump({"responseTimeout": 60, "handler": handler}))
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": model}))
+    return path

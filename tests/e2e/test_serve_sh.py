@@ -31,10 +31,11 @@ import psutil
 import pytest
 import requests
 
+from tests.deploy.manifests import archive_with_handler_options
 from tests.support import logs_caught_up, umask_of
 from tooling.paths import LOG_CONFIG, METRICS_CONFIG, REPO, REVIEW, SERVER_CONFIG
 from tooling.processes import process_record, stop_recorded
-from tooling.torchserve import ADDRESS_KEYS, IGNORED_VARIABLES, free_port
+from tooling.torchserve import ADDRESS_KEYS, IGNORED_VARIABLES, free_port, read_properties
 
 pytestmark = pytest.mark.e2e
 
@@ -80,8 +81,8 @@ def make_checkout(root: Path, archive: Path) -> tuple[Path, str]:
     """A copy of what serve.sh runs, with free ports; (its folder, its inference URL)."""
     checkout = root / "checkout"
     ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "scripts", checkout / "scripts", ignore=ignore)
-    shutil.copytree(REPO / "tooling", checkout / "tooling", ignore=ignore)
+    for folder in ("scripts", "tooling", "handlers"):
+        shutil.copytree(REPO / folder, checkout / folder, ignore=ignore)
     for path in (METRICS_CONFIG, LOG_CONFIG, REVIEW):
         shutil.copy(path, checkout / path.name)
     (checkout / ".venv").symlink_to(REPO / ".venv")
@@ -135,12 +136,12 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         **os.environ,
         "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
         "BERT_DEVICE": "cpu",
-        "WORKERS": "1",
         "MODEL_NAME": MODEL,
         "TS_CONFIG_FILE": str(planted),
         "TS_OPEN_INFERENCE_PROTOCOL": "oip",
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)  # TorchServe would read it instead of asking nvidia-smi
+    env.pop("WORKERS", None)  # serve.sh decides them from the archive (a test below)
     env.pop("SETUP_DEMO", None)  # serve.sh decides it (a test below)
     plant_unpacked_archive(checkout)  # as a killed server of this checkout leaves it (a test below)
     script = subprocess.Popen(
@@ -165,6 +166,22 @@ def served(tiny_checkpoint, make_archive, model_store, tmp_path_factory):
         # serve.sh's process group: its TorchServe, should stop.sh have left anything of it.
         stop_recorded(group, group=True)
         assert stop.returncode == 0 and b"stop: done" in stop.stdout, stop.stdout + stop.stderr
+
+
+def test_serve_sh_starts_as_many_workers_as_the_cpus_hold_at_the_archives_threads(served):
+    """The test's archive has the handler's default cpu_threads 0 (every CPU in each worker): one worker, whatever the
+    CPUs, and where there are more than one, a line saying why and what gives one per CPU. It started one per core,
+    each of every core: a PyTorch archive so served 6-9x fewer requests (docs/batching.md)."""
+    from handlers.cpu_quota import usable_cpus
+
+    assert f"==> registering {MODEL}.mar on cpu: batch_size=8 max_batch_delay=2ms workers=1\n" in served.output
+    assert "default_workers_per_model=1" in (served.checkout / "logs" / "config.properties").read_text()
+    management = read_properties(served.checkout / "config.properties")["management_address"]
+    headers = {"Authorization": f"Bearer {served.keys['management']}"}
+    workers = requests.get(f"{management}/models/{MODEL}", headers=headers, timeout=10)
+    assert len(workers.json()[0]["workers"]) == 1, workers.text
+    note = f"    {MODEL}.mar's workers run {usable_cpus()} threads each (its cpu_threads 0: every CPU), so 1 on"
+    assert (note in served.output) == (usable_cpus() > 1), served.output
 
 
 def test_serve_sh_puts_no_key_on_a_command_line_and_prints_none(served):
@@ -297,10 +314,9 @@ def test_serve_sh_registering_on_a_server_that_keeps_another_budget_names_the_se
 
 
 def checkout_without_a_model(root: Path) -> tuple[Path, str]:
-    """make_checkout with an empty archive, for runs of serve.sh that end before any registration."""
-    archive = root / "unused.mar"
-    archive.write_bytes(b"")
-    return make_checkout(root, archive)
+    """make_checkout with an archive of a manifest and handler options alone (what serve.sh reads of it before it
+    starts a server), for runs of serve.sh that end before any registration."""
+    return make_checkout(root, archive_with_handler_options(root / "bert.mar", {"cpu_threads": 1}))
 
 
 @contextlib.contextmanager

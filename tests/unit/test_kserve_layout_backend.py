@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import yaml
 
 from handlers.onnx_forward import ONNX_FILE
 from scripts import kserve_layout
+from tests.deploy.manifests import archive_with_handler_options
 from tooling.archiving import pack_archive
 from tooling.latency_budget import DEFAULT_BUDGET_MS, admission, machine_throughput
 from tooling.paths import REPO
@@ -58,18 +58,6 @@ def test_a_gpu_layout_of_a_pytorch_archive_and_a_cpu_layout_of_an_onnx_one_are_w
 
 
 # ---- workers of a CPU layout ------------------------------------------------------------------------------
-
-
-def archive_with_handler_options(path: Path, handler: dict | None) -> Path:
-    """A .mar with its manifest and a model-config.yaml holding `handler` (none at all for None): what the layout
-    reads of an archive."""
-    model = {"modelName": "bert", "modelVersion": "1.0"}
-    with zipfile.ZipFile(path, "w") as mar:
-        if handler is not None:
-            model["configFile"] = "model-config.yaml"
-            mar.writestr("model-config.yaml", yaml.safe_dump({"responseTimeout": 60, "handler": handler}))
-        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": model}))
-    return path
 
 
 def layout_workers(tmp_path: Path, handler: dict | None, *args: str) -> int:

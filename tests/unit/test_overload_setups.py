@@ -107,18 +107,25 @@ def test_the_shipped_setup_is_the_queue_and_batch_serve_sh_registers_on_a_cpu_ho
     assert shipped.label == f"budget {budget} ms, as serve.sh ships" and shipped.shipped and not shipped.comparison
 
 
-def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pass():
-    """A tripwire: the shipped setups pass --device cpu --units $(nproc) --workers $(nproc) --batch-size 8 and no
-    --throughput-rps, as serve.sh does on CPU; if serve.sh changes that, tooling/bench/overload.py must follow."""
+def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pass(tmp_path):
+    """A tripwire: the shipped setups pass --device cpu --units CPUS --workers CPUS --batch-size 8 and no
+    --throughput-rps, as serve.sh does on CPU for the demo archive (one thread per worker: as many workers as CPUs,
+    the CPUs its units); if serve.sh changes that, tooling/bench/overload.py must follow."""
+    from scripts.cpu_layout import cpu_layout
+    from tests.deploy.manifests import archive_with_handler_options
+
     serve = (REPO / "scripts" / "serve.sh").read_text()
-    assert "BATCH_SIZE=${BATCH_SIZE:-8}" in serve and "WORKERS=${WORKERS:-$(nproc)}" in serve
-    assert 'UNITS=$([ "$DEVICE" = gpu ] && echo "$GPUS" || nproc)' in serve
-    call = re.search(r"scripts\.latency_budget (.*?)\)\"\)", serve, re.S)
+    assert "BATCH_SIZE=${BATCH_SIZE:-8}" in serve and "UNITS=$CPUS" in serve
+    assert 'scripts.cpu_layout "model_store/$MODEL_NAME.mar" ${WORKERS:+--workers "$WORKERS"}' in serve
+    demo = archive_with_handler_options(tmp_path / "bert.mar", {"cpu_threads": 1})  # as scripts/setup.sh archives it
+    assert "--backend onnx --handler-option cpu_threads=1" in (REPO / "scripts" / "setup.sh").read_text()
+    assert (cpu_layout(demo, 3).cpus, cpu_layout(demo, 3).workers) == (3, 3)
+    call = re.search(r"scripts\.latency_budget (.*?)\)\n", serve, re.S)
     assert call is not None, "serve.sh no longer evaluates scripts.latency_budget"
     assert '--device "$DEVICE" --units "$UNITS" --workers "$WORKERS"' in call.group(1)
     assert '--batch-size "$BATCH_SIZE"' in call.group(1)
     assert "${THROUGHPUT_RPS:+--throughput-rps" in call.group(1)  # only when the operator sets it
-    assert overload.BATCH_SIZE == 8 and overload.nproc() >= 1
+    assert overload.BATCH_SIZE == 8 and overload.host_cpus() >= 1
 
 
 def test_each_budget_is_also_run_as_serve_sh_ships_it_with_deadlines_and_judged():

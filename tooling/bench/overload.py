@@ -114,7 +114,7 @@ def work_figures(summary: dict, handed: float, refused_by_handler: float) -> dic
 
 def shipped_setup(budget_ms: int, units: int, batch_size: int) -> Setup:
     """The queue and batch scripts/serve.sh gives a CPU host of `units` cores at this budget, derived as it derives
-    them: scripts/latency_budget.py with serve.sh's inputs on CPU (--device cpu --units $(nproc) --workers $(nproc)
+    them: scripts/latency_budget.py with serve.sh's inputs on CPU (--device cpu --units CPUS --workers CPUS
     --batch-size 8, no THROUGHPUT_RPS), so from the throughput tooling/latency_budget.py ships per core, not from
     the saturation measured in this run."""
     from tooling.latency_budget import admission, machine_throughput
