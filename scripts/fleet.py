@@ -77,7 +77,9 @@ def up(args: argparse.Namespace) -> int:
     fleet.up()
     for replica in fleet.replicas:
         cores = ",".join(map(str, replica.cores)) if replica.cores else "all"
-        print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {replica.inference_url}")
+        workers = fleet.replica_workers(replica.archive)
+        url = replica.inference_url
+        print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {workers} worker(s), {url}")
     print(f"""
 Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas; state in {fleet.state_file})
   curl -H "Content-Type: application/json" -d '{SAMPLE}' {fleet.front_url}/predictions/bert

@@ -41,7 +41,7 @@ from tooling.cluster_config import (
     build_kserve_layout,
 )
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
-from tooling.model_archive import NotAnArchive, cpu_workers, handler_options
+from tooling.model_archive import NotAnArchive, cpu_cores_used, cpu_workers, handler_options
 
 # Where the InferenceService's storageUri is set: the CPU one, and the GPU variants' shared component.
 STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"
@@ -65,13 +65,6 @@ def holds_onnx_model(archive: Path, options: HandlerOptions) -> bool:
     subdir = options.model_subdir
     with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
-
-
-def cpu_cores_used(options: HandlerOptions, workers: int, pod_cpus: int) -> int:
-    """The pod's cores its workers keep busy, for the queue's throughput: workers x cpu_threads, at most the pod's
-    CPUs; all of them for cpu_threads 0 (each worker as many threads as the CPU limit allows)."""
-    threads = options.cpu_threads or pod_cpus
-    return max(1, min(pod_cpus, workers * threads))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,13 @@ def cpu_workers(options: HandlerOptions, cpus: int) -> int:
     return max(1, cpus // threads) if threads > 0 else 1
 
 
+def cpu_cores_used(options: HandlerOptions, workers: int, cpus: int) -> int:
+    """The CPUs `workers` of the archive keep busy, for the queue's throughput: workers x cpu_threads, at most `cpus`;
+    all of them for cpu_threads 0 (each worker as many threads as the CPUs it may use)."""
+    threads = options.cpu_threads or cpus
+    return max(1, min(cpus, workers * threads))
+
+
 def archive_response_timeout(archive: Path, default: int) -> int:
     """The response timeout TorchServe 0.12 will use for `archive`: its model-config.yaml's, if it has one.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,11 +71,14 @@ def fleet_archive(tiny_checkpoint, make_archive) -> str:
 
 
 @pytest.fixture(scope="module")
-def unloadable_archive(tiny_checkpoint, make_archive) -> str:
-    """The fleet's model with a handler option that fails its load (`max_length: long`)."""
-    return make_archive(
-        tiny_checkpoint, "fleet-unloadable", model_config={"responseTimeout": RESPONSE_TIMEOUT_S}, max_length="long"
-    )
+def unloadable_archive(tiny_checkpoint, make_archive, tmp_path_factory) -> str:
+    """The fleet's model with weights that fail its load in every worker (bytes that are no safetensors file): its
+    handler options are sound, so nothing before the surge replica's load refuses it (an archive whose options
+    its workers would refuse is refused before anything: tests/unit/test_fleet_roll.py)."""
+    broken = tmp_path_factory.mktemp("unloadable") / "checkpoint"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"\xff" * 2048)
+    return make_archive(broken, "fleet-unloadable", model_config={"responseTimeout": RESPONSE_TIMEOUT_S})
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +270,8 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         print(f"\nroll onto an archive that cannot load: {output}{len(load.outcomes)} requests meanwhile")
         assert rolling.returncode == 1, output
         assert "stopped before any replica: the surge replica could not serve it" in output, output
-        assert "max_length" in output and "No replica was touched" in output and "==> r0" not in output, output
+        assert "deserializing header" in output and "No replica was touched" in output, output
+        assert "==> r0" not in output, output
         assert load.outcomes and not failed, failed[:3]
         assert read_state(root)["replicas"] == state["replicas"], "a replica was touched"
         assert read_state(root)["surge"] is None and not _running_from(root / "fleet" / SURGE), "the surge runs on"

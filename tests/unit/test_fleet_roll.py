@@ -27,11 +27,12 @@ import psutil
 import pytest
 import requests
 
-from tests.deploy.manifests import fake_archive
+from tests.deploy.manifests import archive_with_handler_options, fake_archive
 from tests.support import answering_every_call, fleet_command, require_system_packages, serving_http, wait_until
 from tooling.fleet import SURGE, Fleet, Replica, ended_processes, file_stamp, read_state, write_atomically
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import check_current, only_roll, replicas_to_move, restart, roll
+from tooling.latency_budget import admission, machine_throughput
 from tooling.paths import REPO
 from tooling.processes import process_record, same_process, wait_ended
 
@@ -912,6 +913,40 @@ def test_an_up_that_fails_leaves_no_state_behind_so_the_next_up_is_not_refused(f
         from tooling.fleet import stop_fleet
 
         stop_fleet(fleet.root)  # what the records name, had up() left it
+
+
+@pytest.mark.parametrize(("threads", "replicas", "workers"), [(1, 1, 4), (1, 2, 2), (2, 1, 2), (0, 1, 1), (1, 8, 1)])
+def test_each_replica_runs_as_many_workers_as_its_part_of_the_cpus_holds_at_the_archives_threads(
+    tmp_path, monkeypatch, threads, replicas, workers
+):
+    """On 4 CPUs. It ran one, whatever its part: a replica of 8 cores used one of them with the demo archive's one
+    thread."""
+    monkeypatch.setattr("tooling.fleet.usable_cpus", lambda: 4)
+    archive_with_handler_options(tmp_path / "mine.mar", {"cpu_threads": threads})
+    fleet = Fleet(FleetSpec(replicas=replicas, model_store=tmp_path, archive="mine.mar"), root=tmp_path / "root")
+    assert fleet.replica_workers("mine.mar") == workers
+    properties = fleet._base_properties("mine.mar")  # what each replica starts with
+    [entry] = json.loads(properties["model_snapshot"])["models"]["bert"].values()
+    assert (entry["minWorkers"], entry["maxWorkers"]) == (workers, workers)
+    # Its queue holds what the CPUs its workers keep busy serve in the budget: all of its part for cpu_threads 0.
+    part = max(1, 4 // replicas)
+    busy = min(part, workers * (threads or part))
+    queue = admission(fleet.spec.latency_budget_ms, machine_throughput("cpu", busy), workers, 8).job_queue_size
+    assert properties["job_queue_size"] == str(queue)
+    given = Fleet(FleetSpec(model_store=tmp_path, archive="mine.mar", workers=3), root=tmp_path / "given")
+    assert given.replica_workers("mine.mar") == 3
+
+
+def test_an_archive_whose_handler_options_every_worker_would_refuse_is_refused_before_anything(fleet, tmp_path):
+    """A roll onto it, a restart on it, an `up` of it: refused with the option's fault, as the workers would say it,
+    where a roll started a surge replica to find out (the e2e test's unloadable archive fails in the worker)."""
+    archive_with_handler_options(fleet.spec.model_store / "bad.mar", {"max_length": "long"})
+    with pytest.raises(FleetError, match=r"bad\.mar: its model-config\.yaml: handler option 'max_length' must be int"):
+        replicas_to_move(fleet, "bad.mar")
+    with pytest.raises(FleetError, match="handler option 'max_length' must be int"):
+        Fleet(FleetSpec(model_store=fleet.spec.model_store, archive="bad.mar"), root=tmp_path / "up")._base_properties(
+            "bad.mar"
+        )
 
 
 def test_a_fleet_spec_job_queue_size_is_every_replicas_queue(tmp_path):
