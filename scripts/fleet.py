@@ -249,7 +249,9 @@ def restart_replica(args: argparse.Namespace) -> int:
     # anything is touched; each restart then makes its own checks, in turn.
     order = [name for name in WATCHERS if name in names] + [name for name in names if name not in WATCHERS]
     for name in order:
-        if name not in WATCHERS:
+        if name in WATCHERS:
+            fleet.refuse_restart_while_running(name)
+        else:
             named_replica(fleet, name)
     probe = args.probe.read_bytes()
     for index, name in enumerate(order):

@@ -552,9 +552,7 @@ class Fleet:
     ) -> subprocess.Popen:
         """HAProxy or Prometheus (`name`, as recorded) started again with `command`, logging to its log, recorded for
         `down`; returns once `answers`. Refused while the recorded process runs (a zombie has ended)."""
-        record = self.records.get(name)
-        if record and still_running(record):
-            raise FleetError(f"{name} (pid {record['pid']}) is running: nothing to restart")
+        self.refuse_restart_while_running(name)
         prepare()
         process = self._run(name, command)
         failed = FleetError(f"{name} did not start again: {self.dir / f'{name}.log'} says why")
@@ -569,6 +567,13 @@ class Fleet:
         except FleetError:
             raise failed from None
         return process
+
+    def refuse_restart_while_running(self, name: str) -> None:
+        """FleetError while HAProxy or Prometheus (`name`, as recorded) still runs: a restart would start a second one
+        on its ports (a zombie has ended)."""
+        record = self.records.get(name)
+        if record and still_running(record):
+            raise FleetError(f"{name} (pid {record['pid']}) is running: nothing to restart")
 
     def _run(self, name: str, command: list[str]) -> subprocess.Popen:
         """HAProxy or Prometheus (`name`, as the records and its log file name it) started with `command`, and

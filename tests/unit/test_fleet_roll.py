@@ -750,10 +750,10 @@ def kill_leaving_a_zombie(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def restarted(fleet: Fleet, name: str) -> Iterator[subprocess.CompletedProcess]:
-    """`restart NAME` on the command line. The process it says it started is stopped after the block, by that pid
+def restarted(fleet: Fleet, *names: str) -> Iterator[subprocess.CompletedProcess]:
+    """`restart NAMES` on the command line. The process it says it started is stopped after the block, by that pid
     while it runs this fleet's configuration: the fixture's `down` stops only what the fleet recorded."""
-    started = fleet_command(fleet.root, "restart", name)
+    started = fleet_command(fleet.root, "restart", *names)
     try:
         yield started
     finally:
@@ -770,6 +770,10 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
     with restarted(fronted, "haproxy") as refused:  # what a wrong start would leave running is stopped too
         assert refused.returncode == 1, refused
         assert f"fleet: haproxy (pid {fronted.haproxy.pid}) is running: nothing to restart" in refused.stderr, refused
+    # Named with a replica: refused before anything is touched, as a name the fleet has not is.
+    with restarted(fronted, "r0", "haproxy") as refused:
+        said = f"fleet: haproxy (pid {fronted.haproxy.pid}) is running: nothing to restart"
+        assert (refused.returncode, refused.stderr.strip()) == (1, said), refused
     kill_leaving_a_zombie(fronted.haproxy)  # reaped only after the restart
     with pytest.raises(requests.ConnectionError):
         requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
