@@ -7,9 +7,9 @@
 The CPUs are those the handler counts (handlers/cpu_quota.py: the affinity, capped by a cgroup's CPU quota); the
 workers, unless given, as many as they hold at the archive's cpu_threads each (tooling/model_archive.cpu_workers):
 one per CPU for the demo archive's one thread, the layout measured fastest, and one for an archive whose workers
-each take every CPU (cpu_threads 0), said in the note with the option that gives one per CPU. Given workers that
-put more threads than CPUs are kept, with the warning: PyTorch's thread pools collapse then (docs/batching.md,
-"Workers and threads on a CPU").
+each take every CPU (cpu_threads 0), said in the note with the option that gives one per CPU. Workers that put
+more threads than CPUs (given so, or one of an archive whose cpu_threads is more than the CPUs) are kept, with the
+warning: PyTorch's thread pools collapse then (docs/batching.md, "Workers and threads on a CPU").
 """
 
 from __future__ import annotations
@@ -44,19 +44,19 @@ def cpu_layout(archive: Path, cpus: int, workers: int | None = None) -> Layout:
     options = handler_options(archive)
     threads = options.cpu_threads or cpus
     fit = cpu_workers(options, cpus)
-    if workers is not None:
-        if workers * threads > cpus:
-            return Layout(cpus, workers, threads, warning=(
-                f"{workers} workers of {threads} threads each on {cpus} CPUs: more threads than CPUs, which cost a "
-                f"PyTorch archive 6-9x its requests/s; leave WORKERS unset for {fit} (docs/batching.md)"))  # fmt: skip
-        return Layout(cpus, workers, threads)
+    chosen = fit if workers is None else workers
+    if chosen * threads > cpus:
+        fix = f"leave WORKERS unset for {fit}" if workers is not None else f"archive it with cpu_threads {cpus} or less"
+        return Layout(cpus, chosen, threads, warning=(
+            f"{chosen} worker(s) of {threads} threads each on {cpus} CPUs: more threads than CPUs, which cost a "
+            f"PyTorch archive 6-9x its requests/s; {fix} (docs/batching.md)"))  # fmt: skip
     note = ""
-    if fit < cpus:
+    if workers is None and fit < cpus:
         every = ": every CPU" if options.cpu_threads == 0 else ""
         note = (f"{archive.name}'s workers run {threads} threads each (its cpu_threads {options.cpu_threads}{every}), "
                 f"so {fit} on {cpus} CPUs; archived with --handler-option cpu_threads=1 it runs one per CPU, the "
                 "layout measured fastest (docs/checkpoints.md)")  # fmt: skip
-    return Layout(cpus, fit, threads, note=note)
+    return Layout(cpus, chosen, threads, note=note)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,6 @@ from tooling.paths import REPO
         ({"cpu_threads": 2}, 8, 4, 2),
         ({"cpu_threads": 0}, 2, 1, 2),  # every CPU in each worker: one
         (None, 4, 1, 4),  # no model-config.yaml: the handler's defaults, cpu_threads 0
-        ({"cpu_threads": 4}, 2, 1, 4),  # more than the CPUs: one worker still
     ],
 )
 def test_as_many_workers_as_the_cpus_hold_at_the_archives_threads(tmp_path, handler, cpus, workers, threads):
@@ -40,7 +39,7 @@ def test_given_workers_are_kept_with_a_warning_where_their_threads_outnumber_the
     crowded = cpu_layout(archive, 2, workers=2)
     assert (crowded.workers, crowded.threads, crowded.note) == (2, 2, "")
     assert crowded.warning == (
-        "2 workers of 2 threads each on 2 CPUs: more threads than CPUs, which cost a PyTorch archive 6-9x its "
+        "2 worker(s) of 2 threads each on 2 CPUs: more threads than CPUs, which cost a PyTorch archive 6-9x its "
         "requests/s; leave WORKERS unset for 1 (docs/batching.md)"
     )
     fitting = cpu_layout(archive, 2, workers=1)
@@ -55,6 +54,13 @@ def read_back(assignments: str) -> list[str]:
     )
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.split("|")
+
+
+def test_an_archive_of_more_threads_than_cpus_gets_one_worker_and_a_warning_naming_the_archives_fix(tmp_path):
+    layout = cpu_layout(archive_with_handler_options(tmp_path / "mine.mar", {"cpu_threads": 4}), 2)
+    assert (layout.workers, layout.threads, layout.note) == (1, 4, "")
+    assert layout.warning.startswith("1 worker(s) of 4 threads each on 2 CPUs: more threads than CPUs"), layout
+    assert layout.warning.endswith("; archive it with cpu_threads 2 or less (docs/batching.md)"), layout
 
 
 def test_the_shell_assignments_read_back_as_they_were():
