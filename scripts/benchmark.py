@@ -56,7 +56,7 @@ from tooling.bench.corpus import build_corpus
 from tooling.bench.device import DEVICES, GPU_COMMAND, backends_for_device, cuda_available, resolve_device
 from tooling.bench.frames import reading_speed
 from tooling.bench.plot import plot
-from tooling.bench.report import machine, markdown, write_atomically
+from tooling.bench.report import machine, markdown
 from tooling.bench.served import Layout, batching_settings, gpu_layouts, parse_layouts, served_cells
 from tooling.bench.targets import evaluate_targets
 from tooling.cli_arguments import (
@@ -67,6 +67,7 @@ from tooling.cli_arguments import (
     positive_float,
     positive_int,
 )
+from tooling.files import write_atomically
 from tooling.paths import MODEL_CONFIG, REPO
 from tooling.termination import exit_on_sigterm
 

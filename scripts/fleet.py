@@ -142,16 +142,16 @@ def status(args: argparse.Namespace) -> int:
     report = health(args)
     if args.json:
         print(json.dumps(report, indent=2))
-    elif report["fleet"] is not None:
+        return 1 if report["problems"] else 0
+    if report["fleet"] is not None:
         print(json.dumps(report["fleet"], indent=2))
-        for name, row in (report["haproxy"] or {}).items():
-            print(f"haproxy: {name} {row['status']}, {row['in_flight']} in flight, {row['requests']} requests")
-        for target in report["prometheus"] or []:
-            who = " ".join(filter(None, (target["job"], target["replica"])))
-            print(f"prometheus: {who} {target['url']} {target['health']}")
-    if not args.json:
-        for problem in report["problems"]:
-            print(f"fleet: {problem}", file=sys.stderr)
+    for name, row in (report["haproxy"] or {}).items():
+        print(f"haproxy: {name} {row['status']}, {row['in_flight']} in flight, {row['requests']} requests")
+    for target in report["prometheus"] or []:
+        who = " ".join(filter(None, (target["job"], target["replica"])))
+        print(f"prometheus: {who} {target['url']} {target['health']}")
+    for problem in report["problems"]:
+        print(f"fleet: {problem}", file=sys.stderr)
     return 1 if report["problems"] else 0
 
 

@@ -4,6 +4,7 @@ Nothing here is shipped in a .mar (that is handlers/); nothing here exits the pr
 or installs signal handlers: errors are exceptions, entry points decide what to do.
 
   paths.py        repository locations
+  files.py        writing a file whole, for readers in other processes
   corpus.py       the labelled reviews in data/ and the held-out split
   checkpoints.py  random tiny / BERT-base / DistilBERT / RoBERTa checkpoints for tests and timing
   demo_model.py   fine-tuning the demo classifier

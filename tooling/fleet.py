@@ -42,6 +42,7 @@ import requests
 import yaml
 
 from handlers.cpu_quota import usable_cpus
+from tooling import files
 from tooling.fleet_config import (
     ALERTING_RULES,
     RECORDING_RULES,
@@ -55,7 +56,7 @@ from tooling.fleet_config import (
     server_state_file,
     surge_targets,
 )
-from tooling.haproxy_admin import haproxy_command, haproxy_servers, replace_text, set_server_state
+from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
 from tooling.latency_budget import machine_throughput
 from tooling.model_archive import archive_response_timeout, cpu_cores_used, cpu_workers, handler_options
 from tooling.paths import REPO
@@ -725,7 +726,7 @@ def file_stamp(path: Path) -> list[int]:
 
 def write_atomically(path: Path, document: object) -> None:
     """Write JSON so that a reader in another process (`status`, `down`, `roll`) sees the old file or the new one."""
-    replace_text(path, json.dumps(document, indent=2, default=str) + "\n")
+    files.write_atomically(path, json.dumps(document, indent=2, default=str) + "\n")
 
 
 def ended_processes(root: Path = DEFAULT_ROOT) -> dict[str, int]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import csv
-import os
 import socket
-import threading
 from pathlib import Path
 
+from tooling.files import write_atomically
 from tooling.fleet_config import BACKEND, FleetError, server_state_file
 
 
@@ -49,14 +48,6 @@ def set_server_state(socket_path: Path | str, name: str, state: str) -> None:
 
 
 def save_server_states(socket_path: Path | str) -> None:
-    """Write HAProxy's `show servers state` to the file its configuration loads at a start (server_state_file):
-    an HAProxy killed and started again then has each server as last set."""
-    replace_text(server_state_file(socket_path), haproxy_command(socket_path, f"show servers state {BACKEND}"))
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write `path` so that a reader in another process (HAProxy at its start, `status`, `down`, `roll`) sees the old
-    file or the new one, never a part; a name of its own for each writer's partial file (two commands may save)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(text)
-    os.replace(partial, path)
+    """Write HAProxy's `show servers state` to the file its configuration loads at a start (server_state_file),
+    whole: an HAProxy killed and started again then has each server as last set."""
+    write_atomically(server_state_file(socket_path), haproxy_command(socket_path, f"show servers state {BACKEND}"))

@@ -15,8 +15,9 @@ import tooling.bench.ceilings
 import tooling.bench.served
 from scripts.benchmark import main
 from tooling.bench.backends import BACKENDS, Backend
-from tooling.bench.report import failures_section, write_atomically
+from tooling.bench.report import failures_section
 from tooling.bench.served import copy_model_log, model_load_failure, warm_up_clients
+from tooling.files import write_atomically
 
 
 def test_a_backend_whose_ceilings_fail_is_recorded_and_the_run_goes_on_then_exits_1(monkeypatch, tmp_path):
