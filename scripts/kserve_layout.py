@@ -40,8 +40,9 @@ from tooling.cluster_config import (
     GPU_WORKERS_PER_GPU,
     build_kserve_layout,
 )
+from tooling.cpu_layout import cpu_cores_used, cpu_workers
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
-from tooling.model_archive import NotAnArchive, cpu_cores_used, cpu_workers, handler_options
+from tooling.model_archive import NotAnArchive, handler_options
 
 # Where the InferenceService's storageUri is set: the CPU one, and the GPU variants' shared component.
 STORAGE_URI_CPU = "deploy/kserve/serverless/inferenceservice.yaml"

@@ -55,7 +55,7 @@ if [ "$DEVICE" = gpu ]; then
   UNITS=$GPUS
 else
   # As many workers as the CPUs a worker may use hold at the archive's cpu_threads each, unless WORKERS says:
-  # one per CPU for the demo archive (scripts/cpu_layout.py). Sets CPUS, WORKERS, THREADS, LAYOUT_NOTE, LAYOUT_WARNING.
+  # one per CPU for the demo archive (scripts/cpu_layout.py). Sets CPUS, WORKERS, LAYOUT_NOTE, LAYOUT_WARNING.
   layout=$(.venv/bin/python -m scripts.cpu_layout "model_store/$MODEL_NAME.mar" ${WORKERS:+--workers "$WORKERS"})
   eval "$layout"
   UNITS=$CPUS

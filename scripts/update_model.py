@@ -1,14 +1,15 @@
 """Serve a new archive under a running model's name without failing a request (tooling/model_update.py).
 
     .venv/bin/python -m scripts.archive_model path/to/checkpoint --name sentiment --version 2.0 \\
-        --file-name sentiment-2.0.mar                                   # model_store/sentiment-2.0.mar
+        --file-name sentiment-2.0.mar --handler-option cpu_threads=1   # model_store/sentiment-2.0.mar
     .venv/bin/python -m scripts.update_model model_store/sentiment-2.0.mar   # 1.0 -> 2.0
 
 The archive must be in the server's model store (TorchServe registers archives from there, by file
 name), under a file name of its own, and carry the model's name and a version the model does not have
-yet. The new version gets the running one's batch size, delay and workers, answers one probe request,
-becomes the default, and the old version is unregistered once it has finished what it holds; then the
-archive is copied over model_store/sentiment.mar (one atomic rename), what scripts/serve.sh
+yet. The new version gets the running one's batch size, delay and workers (on a CPU, serve.sh's count for the
+new archive's cpu_threads where the running count was serve.sh's: tooling/model_update.new_version_workers),
+answers one probe request, becomes the default, and the old version is unregistered once it has finished what it
+holds; then the archive is copied over model_store/sentiment.mar (one atomic rename), what scripts/serve.sh
 (MODEL_NAME=sentiment) registers after a restart. On any failure before the switch the old version
 goes on serving, unchanged, and sentiment.mar is still its archive. The defaults reach the server
 scripts/serve.sh started; --config and --key-file reach another.

@@ -9,6 +9,7 @@ or installs signal handlers: errors are exceptions, entry points decide what to 
   checkpoints.py  random tiny / BERT-base / DistilBERT / RoBERTa checkpoints for tests and timing
   demo_model.py   fine-tuning the demo classifier
   archiving.py    any checkpoint -> .mar (model-config.yaml, handlers/ packed as they are)
+  cpu_layout.py   the workers an archive's cpu_threads fit on a number of CPUs (serve.sh, fleet, pods, updates)
   torchserve.py   a private TorchServe on free loopback ports, in its own directory; the default worker count
   prometheus.py   reading samples from a Prometheus text endpoint
   inprocess.py    driving the handler without a server, with TorchServe's own Context

@@ -43,6 +43,7 @@ import yaml
 
 from handlers.cpu_quota import usable_cpus
 from tooling import files
+from tooling.cpu_layout import cpu_cores_used, cpu_workers
 from tooling.fleet_config import (
     ALERTING_RULES,
     RECORDING_RULES,
@@ -58,7 +59,7 @@ from tooling.fleet_config import (
 )
 from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
 from tooling.latency_budget import machine_throughput
-from tooling.model_archive import archive_response_timeout, cpu_cores_used, cpu_workers, handler_options
+from tooling.model_archive import archive_response_timeout, handler_options
 from tooling.paths import REPO
 from tooling.processes import (
     in_parallel,
@@ -305,7 +306,7 @@ class Fleet:
 
     def replica_workers(self, archive: str) -> int:
         """Each replica's workers on `archive`: the spec's, or as many as its part of the CPUs holds at the archive's
-        cpu_threads each (tooling/model_archive.cpu_workers: one a CPU for the demo archive's one thread, one for
+        cpu_threads each (tooling/cpu_layout.cpu_workers: one a CPU for the demo archive's one thread, one for
         cpu_threads 0)."""
         return self._replica_layout(archive)[0]
 

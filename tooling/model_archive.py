@@ -58,22 +58,6 @@ def handler_options(archive: Path) -> HandlerOptions:
         raise ValueError(f"{archive}: its model-config.yaml: {exc}") from exc
 
 
-def cpu_workers(options: HandlerOptions, cpus: int) -> int:
-    """Workers for `cpus` CPUs: as many as they hold at the archive's cpu_threads each; one for cpu_threads 0, whose
-    worker runs as many threads as the CPUs it may use. Never more threads than CPUs: two PyTorch workers of every
-    core each served 14-23 requests/s on 2 cores, against 122-136 for one and 160-164 for two of one thread
-    (docs/batching.md, "Workers and threads on a CPU")."""
-    threads = options.cpu_threads
-    return max(1, cpus // threads) if threads > 0 else 1
-
-
-def cpu_cores_used(options: HandlerOptions, workers: int, cpus: int) -> int:
-    """The CPUs `workers` of the archive keep busy, for the queue's throughput: workers x cpu_threads, at most `cpus`;
-    all of them for cpu_threads 0 (each worker as many threads as the CPUs it may use)."""
-    threads = options.cpu_threads or cpus
-    return max(1, min(cpus, workers * threads))
-
-
 def archive_response_timeout(archive: Path, default: int) -> int:
     """The response timeout TorchServe 0.12 will use for `archive`: its model-config.yaml's, if it has one.
 

@@ -7,7 +7,9 @@ stops the old workers at once, and what they hold is answered 500 "Worker died."
 in an order that fails none:
 
 1. read how the running default version is served (batch size, delay, workers) and register the
-   new archive as another version of the same name with the same settings;
+   new archive as another version of the same name with the same settings; on a CPU, workers that
+   scripts/serve.sh sized for the old archive's cpu_threads are sized again for the new one's
+   (new_version_workers);
 2. answer one request through the new version by name (`/predictions/NAME/VERSION`); if it cannot,
    unregister it and stop: the old version never stopped serving;
 3. make the new version the default: every request that arrives from then on goes to it;
@@ -39,7 +41,9 @@ from pathlib import Path
 
 import requests
 
-from tooling.model_archive import NotAnArchive, archive_answers, archive_name
+from handlers.cpu_quota import usable_cpus
+from tooling.cpu_layout import cpu_layout, cpu_workers
+from tooling.model_archive import NotAnArchive, archive_answers, archive_name, handler_options
 from tooling.torchserve import RunningServer, key_expiry, key_refused
 
 PROBE_TIMEOUT_S = 60.0
@@ -67,6 +71,7 @@ class ServedVersion:
     response_timeout: int
     pending: int
     url: str = ""  # the archive it was registered from (modelUrl: a file name of the store)
+    on_gpu: bool = False  # its workers hold GPUs (each worker's "gpu" in the description)
 
     @classmethod
     def from_description(cls, described: dict) -> ServedVersion:
@@ -78,6 +83,7 @@ class ServedVersion:
             response_timeout=described["responseTimeout"],
             pending=described["jobQueueStatus"]["pendingRequests"],
             url=described.get("modelUrl", ""),
+            on_gpu=any(worker.get("gpu") for worker in described.get("workers", [])),
         )
 
     @property
@@ -116,7 +122,7 @@ class _Management:
         response.raise_for_status()
         return [described["modelVersion"] for described in response.json()]
 
-    def register(self, archive: str, like: ServedVersion, timeout: float) -> requests.Response:
+    def register(self, archive: str, like: ServedVersion, workers: int, timeout: float) -> requests.Response:
         return self._call(
             "POST",
             "models",
@@ -125,7 +131,7 @@ class _Management:
             model_name=self.model,
             batch_size=like.batch_size,
             max_batch_delay=like.max_batch_delay,
-            initial_workers=like.workers,
+            initial_workers=workers,
             synchronous="true",
         )
 
@@ -288,6 +294,44 @@ def answers_change(store: Path, old: ServedVersion, archive: str, version: str) 
     )
 
 
+def new_version_workers(
+    store: Path, old: ServedVersion, archive: str, model: str, version: str, cpus: int
+) -> tuple[int, list[str]]:
+    """The workers `archive` (`model` `version`, in `store`) is registered with beside `old`, and what to say of them.
+
+    On a GPU, old's: workers per GPU do not depend on cpu_threads. On `cpus` CPUs, a count that is the one
+    scripts/serve.sh gives old's archive (tooling/cpu_layout: as many as the CPUs hold at its cpu_threads) was
+    serve.sh's choice, made again for the new archive, what a restart will register: an archive of other cpu_threads
+    never runs more threads than CPUs, which cost a PyTorch archive 6-9x its requests/s. A count chosen otherwise
+    (serve.sh's WORKERS, a scale call) is kept, with a warning where it does; so is old's for an archive whose handler
+    options its workers would refuse (the load fails and says why)."""
+    if old.on_gpu:
+        return old.workers, []
+    try:
+        running_fit = cpu_workers(handler_options(store / Path(old.url).name), cpus) if old.url else None
+    except (OSError, ValueError):  # old's archive is gone from the store or changed: its count was not serve.sh's
+        running_fit = None
+    given = None if old.workers == running_fit else old.workers
+
+    def fewer(fit: int) -> str:
+        return f"scale it to {fit} once it serves (PUT /models/{model}/{version}?min_worker={fit}&max_worker={fit})"
+
+    try:
+        layout = cpu_layout(store / archive, cpus, given, fewer)
+    except ValueError:
+        return old.workers, []
+    said = []
+    if layout.workers != old.workers:
+        said.append(
+            f"==> note: {model} {version} gets {layout.workers} worker(s), where {old.version} has {old.workers}: "
+            f"scripts/serve.sh's count for {archive} on {cpus} CPUs, as a restart will start it"
+            + (f" ({layout.note})" if layout.note else "")
+        )
+    if layout.warning:
+        said.append(f"==> warning: {model} {version}: {layout.warning}")
+    return layout.workers, said
+
+
 def update_model(
     server: RunningServer,
     model: str,
@@ -298,10 +342,12 @@ def update_model(
     load_timeout_s: float = 600.0,
     say: Callable[[str], None] = print,
     explain_load_failure: Callable[[], str | None] = lambda: None,
+    cpus: int | None = None,
 ) -> None:
     """Serve `archive` (a file name in the server's model store, carrying `version`) as `model`'s default,
     retire the version that served before, then put `archive` at <store>/<model>.mar for a restart; raises
-    UpdateFailed saying what serves.
+    UpdateFailed saying what serves. `cpus`: those the server's workers may use (default: this process's, the
+    handler's count; the update runs beside the server, whose store is local), for new_version_workers.
 
     `grace_s` replaces the wait after the old queue is empty (default: ServedVersion.longest_batch_s): a
     batch the old version still runs when it ends fails. A key rotated meanwhile is picked up; one that
@@ -341,9 +387,14 @@ def update_model(
         change = answers_change(server.model_store, old, archive, version)
         if change:
             say(change)
+        workers, said = new_version_workers(
+            server.model_store, old, archive, model, version, usable_cpus() if cpus is None else cpus
+        )
+        for line in said:
+            say(line)
         grace = old.longest_batch_s if grace_s is None else grace_s
         _check_keys_outlast(server, load_timeout_s, grace)
-        _bring_up(management, server, old, archive, version, probe, load_timeout_s, say, explain_load_failure)
+        _bring_up(management, server, old, archive, version, workers, probe, load_timeout_s, say, explain_load_failure)
         switched = management.set_default(version)
     except KeyRefused as refused:
         where = f"GET /models/{model}/all shows whether {version} was registered beside it"
@@ -393,19 +444,21 @@ def _bring_up(
     old: ServedVersion,
     archive: str,
     version: str,
+    workers: int,
     probe: bytes,
     load_timeout_s: float,
     say: Callable[[str], None],
     explain_load_failure: Callable[[], str | None],
 ) -> None:
-    """Register `version` beside `old` with its settings and check it answers; withdrawn if it cannot serve."""
+    """Register `version` beside `old` with its batching and `workers`, and check it answers; withdrawn if it cannot
+    serve."""
     model = management.model
     say(
         f"==> registering {archive} as {model} {version} beside {old.version}: batch_size={old.batch_size} "
-        f"max_batch_delay={old.max_batch_delay}ms workers={old.workers}"
+        f"max_batch_delay={old.max_batch_delay}ms workers={workers}"
     )
     try:
-        registered = management.register(archive, old, load_timeout_s)
+        registered = management.register(archive, old, workers, load_timeout_s)
     except requests.RequestException as error:
         raise UpdateFailed(
             f"registering {archive} got no answer ({error}); {model} {old.version} still serves, and {version} "

@@ -101,7 +101,7 @@ def test_the_layout_command_writes_what_kserve_expects(tmp_path, capsys):
     assert (out / "model-store" / "clf.mar").read_bytes() == archive.read_bytes()
     written = read_properties(out / "config" / "config.properties")
     # An archive without handler options runs one worker with cpu_threads 0: every core of the pod, so the queue
-    # is sized for the pod's CPUs (tooling/model_archive.cpu_cores_used).
+    # is sized for the pod's CPUs (tooling/cpu_layout.cpu_cores_used).
     pod = machine_throughput("cpu", kserve_layout.POD_CPUS)
     assert written == cluster_config.cluster_properties("clf", batch_size=4, version="3.0", throughput_rps=pod)
     assert written["model_store"] == "/mnt/models/model-store"

@@ -7,6 +7,7 @@ registers, the old version's archive, and a successful one makes it the new vers
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -103,11 +104,11 @@ def register_old(server, archives):
     """Registers the old archive as `model`, and unregisters every version of it after the test, pass or fail."""
     models = []
 
-    def register(model: str, kind: str = "old") -> None:
+    def register(model: str, kind: str = "old", workers: int = OLD_WORKERS) -> None:
         install(server, archives(kind, model), f"{model}.mar")
         models.append(model)
         response = server.register(
-            f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=OLD_WORKERS, model_name=model
+            f"{model}.mar", batch_size=8, max_batch_delay=20, initial_workers=workers, model_name=model
         )
         assert response.status_code == 200, response.text
 
@@ -143,11 +144,15 @@ def update_command(server: TorchServe, archive: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_update(server: TorchServe, archive: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The update command to its end; its limit is below pytest's per-test timeout, so a hang fails here, named."""
+def run_update(
+    server: TorchServe, archive: Path, *extra: str, cpus: set[int] | None = None
+) -> subprocess.CompletedProcess:
+    """The update command to its end, on `cpus` (its affinity: the CPUs it counts for the new version's workers) where
+    given; its limit is below pytest's per-test timeout, so a hang fails here, named."""
     return subprocess.run(
-        update_command(server, archive, *extra), cwd=REPO, capture_output=True, text=True, timeout=240
-    )
+        update_command(server, archive, *extra), cwd=REPO, capture_output=True, text=True, timeout=240,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )  # fmt: skip
 
 
 def versions(server: TorchServe, model: str) -> list[dict]:
@@ -338,7 +343,7 @@ def restarted_version(server: TorchServe, model: str) -> tuple[str, str | None]:
 
 def test_the_guides_update_leaves_a_restart_serving_the_last_version_that_passed(server, kinds, register_old):
     model = "guide"
-    register_old(model)
+    register_old(model, workers=1)  # what scripts/serve.sh starts for it: its cpu_threads 0 takes every CPU
     store = server.model_store
     tiny, bad_config, _ = kinds["bad"]
     multi_label = kinds["new"][0]
@@ -358,13 +363,18 @@ def test_the_guides_update_leaves_a_restart_serving_the_last_version_that_passed
     version, label = restarted_version(server, model)
     assert version == "1.0" and label in LABELS, (version, label)
 
-    # A new version that serves: once it does and 1.0 is gone, guide.mar is its archive.
-    archived = archive_per_guide(server, multi_label, model, "2.0", "--file-name", "guide-2.0.mar")
+    # A new version that serves: once it does and 1.0 is gone, guide.mar is its archive. Archived with one thread per
+    # worker as the guide says, it runs serve.sh's count for that on the update's CPUs (two here), not 1.0's one.
+    new = ("--file-name", "guide-2.0.mar", "--handler-option", "cpu_threads=1")
+    archived = archive_per_guide(server, multi_label, model, "2.0", *new)
     assert archived.returncode == 0, archived.stderr
-    updated = run_update(server, store / "guide-2.0.mar")
+    two_cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    updated = run_update(server, store / "guide-2.0.mar", cpus=two_cpus)
     assert updated.returncode == 0, updated.stderr
     assert "guide.mar is now 2.0's archive" in updated.stdout, updated.stdout
-    assert [served["modelVersion"] for served in versions(server, model)] == ["2.0"]
+    assert f"==> note: guide 2.0 gets {len(two_cpus)} worker(s), where 1.0 has 1: " in updated.stdout, updated.stdout
+    [served] = versions(server, model)
+    assert (served["modelVersion"], served["minWorkers"]) == ("2.0", len(two_cpus))
     assert (store / "guide.mar").read_bytes() == (store / "guide-2.0.mar").read_bytes()
     version, label = restarted_version(server, model)
     assert version == "2.0" and label in NEW_LABELS, (version, label)

@@ -1,5 +1,6 @@
-"""scripts/cpu_layout.py: the workers scripts/serve.sh starts on a CPU host, from the archive's cpu_threads, and what
-it says of them. serve.sh's use of it, through a real TorchServe: tests/e2e/test_serve_sh.py."""
+"""tooling/cpu_layout.py through scripts/cpu_layout.py: the workers scripts/serve.sh starts on a CPU host, from the
+archive's cpu_threads, and what it says of them. serve.sh's use of it, through a real TorchServe:
+tests/e2e/test_serve_sh.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sys
 
 import pytest
 
-from scripts.cpu_layout import Layout, cpu_layout
+from scripts.cpu_layout import shell
 from tests.deploy.manifests import archive_with_handler_options
+from tooling.cpu_layout import Layout, cpu_layout
 from tooling.paths import REPO
 
 
@@ -47,11 +49,9 @@ def test_given_workers_are_kept_with_a_warning_where_their_threads_outnumber_the
 
 
 def read_back(assignments: str) -> list[str]:
-    """`assignments` eval'd by bash, then CPUS, WORKERS, THREADS, LAYOUT_NOTE and LAYOUT_WARNING as it reads them."""
-    script = (
-        f'eval {shlex.quote(assignments)}; printf "%s|%s|%s|%s|%s" "$CPUS" "$WORKERS" "$THREADS" "$LAYOUT_NOTE" '
-        '"$LAYOUT_WARNING"'
-    )
+    """`assignments` eval'd by bash, then CPUS, WORKERS, LAYOUT_NOTE and LAYOUT_WARNING as it reads them."""
+    reads = '"$CPUS" "$WORKERS" "$LAYOUT_NOTE" "$LAYOUT_WARNING"'
+    script = f'eval {shlex.quote(assignments)}; printf "%s|%s|%s|%s" {reads}'
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.split("|")
 
@@ -64,16 +64,16 @@ def test_an_archive_of_more_threads_than_cpus_gets_one_worker_and_a_warning_nami
 
 
 def test_the_shell_assignments_read_back_as_they_were():
-    layout = Layout(2, 1, 2, note="it's mine.mar's; $HOME `id`", warning='"quoted" \\ back')
-    assert read_back(layout.shell()) == ["2", "1", "2", layout.note, layout.warning]
+    layout = Layout(2, 1, 2, 1, note="it's mine.mar's; $HOME `id`", warning='"quoted" \\ back')
+    assert read_back(shell(layout)) == ["2", "1", layout.note, layout.warning]
 
 
 def test_the_command_prints_this_hosts_layout(tmp_path):
     archive = archive_with_handler_options(tmp_path / "mine.mar", {"cpu_threads": 0})
     command = [sys.executable, "-m", "scripts.cpu_layout", str(archive), "--workers", "2"]
     printed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
-    cpus, workers, threads, note, warning = read_back(printed)
-    assert (workers, threads, note) == ("2", cpus, ""), printed  # cpu_threads 0: every CPU of this host
+    cpus, workers, note, warning = read_back(printed)
+    assert (workers, note) == ("2", ""), printed
     assert cpu_layout(archive, int(cpus), workers=2).warning == warning != "", printed
 
 

@@ -31,12 +31,16 @@ MAX_BATCH_DELAY_MS, RESPONSE_TIMEOUT_S = 500, 120
 DROP, REFUSE_KEY = "drop", "refuse key"
 
 
-def write_archive(path: Path, name: str, version: str, config: dict | None = None) -> Path:
-    """A .mar as far as the update reads one: its manifest, and the checkpoint's config.json where given."""
+def write_archive(path: Path, name: str, version: str, config: dict | None = None, handler: dict | None = None) -> Path:
+    """A .mar as far as the update reads one: its manifest, and the checkpoint's config.json and a model-config.yaml
+    with this `handler` section where given."""
+    manifest = {"modelName": name, "modelVersion": version, **({"configFile": "model-config.yaml"} if handler else {})}
     with zipfile.ZipFile(path, "w") as mar:
-        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": name, "modelVersion": version}}))
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": manifest}))
         if config is not None:
             mar.writestr("model/config.json", json.dumps(config))
+        if handler:
+            mar.writestr("model-config.yaml", json.dumps({"handler": handler}))  # JSON is YAML
     return path
 
 
@@ -55,6 +59,8 @@ class FakeTorchServe(ThreadingHTTPServer):
         # version -> the requests its queue holds; each description of that version shows one fewer while `draining`
         self.queued: dict[str, int] = {}
         self.draining = True
+        self.workers, self.gpu = 2, False  # each version's, and whether they hold GPUs
+        self.registered: list[dict[str, list[str]]] = []  # each registration's query parameters
 
     @property
     def url(self) -> str:
@@ -67,9 +73,10 @@ class FakeTorchServe(ThreadingHTTPServer):
             "modelUrl": self.versions[version],
             "batchSize": 8,
             "maxBatchDelay": MAX_BATCH_DELAY_MS,
-            "minWorkers": 2,
+            "minWorkers": self.workers,
             "responseTimeout": RESPONSE_TIMEOUT_S,
             "jobQueueStatus": {"pendingRequests": self.queued.get(version, 0)},
+            "workers": [{"id": str(9000 + n), "status": "READY", "gpu": self.gpu} for n in range(self.workers)],
         }
 
     def call_of(self, method: str, segments: list[str]) -> str | None:
@@ -137,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and segments == ["models"]:
             if fake.register_status != 200:
                 return self._answer(fake.register_status, {"message": "Failed to start workers"})
+            fake.registered.append(parse_qs(parts.query))
             url = parse_qs(parts.query)["url"][0]
             fake.versions[_manifest_version(fake, url)] = url
             return self._answer(200, {"status": "Model registered"})
@@ -291,6 +299,74 @@ def test_an_update_to_a_model_that_answers_otherwise_says_so_and_goes_on(fake, t
         assert notes == [], said
     else:
         assert len(notes) == 1 and note in notes[0] and said[0] == notes[0], said  # before anything is registered
+
+
+# ---- the new version's workers on a CPU ------------------------------------------------------------------------
+
+
+def update_with_threads(fake: FakeTorchServe, tmp_path: Path, old: int, new: int, cpus: int) -> tuple[int, list[str]]:
+    """sentiment 1.0 (cpu_threads `old`, fake.workers workers) updated to 2.0 (cpu_threads `new`) on `cpus` CPUs: the
+    workers 2.0 was registered with, and the notes and warnings said."""
+    write_archive(fake.store / f"{MODEL}.mar", MODEL, "1.0", handler={"cpu_threads": old})
+    write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0", handler={"cpu_threads": new})
+    said: list[str] = []
+    server = running(fake, key_file(tmp_path, 3600))
+    update_model(server, MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, grace_s=0, say=said.append, cpus=cpus)
+    [registration] = fake.registered
+    return int(registration["initial_workers"][0]), [line for line in said if line.startswith(("==> note", "==> warn"))]
+
+
+@pytest.mark.parametrize(
+    ("old", "workers", "new", "expected"),
+    [(1, 4, 0, 1), (0, 1, 1, 4), (1, 4, 2, 2)],
+    ids=["one-thread-to-every-cpu", "every-cpu-to-one-thread", "one-thread-to-two"],
+)
+def test_workers_sized_by_serve_sh_are_sized_again_for_the_new_archives_threads(
+    fake, tmp_path, old, workers, new, expected
+):
+    """The documented archive command without cpu_threads=1 makes a cpu_threads 0 archive: run with 1.0's four
+    one-thread workers, each of its workers would run four threads on 4 CPUs (6-9x fewer requests/s). A count that is
+    serve.sh's for the old archive becomes serve.sh's for the new one, the count a restart will start."""
+    fake.workers = workers
+    registered, said = update_with_threads(fake, tmp_path, old, new, cpus=4)
+    assert registered == expected, said
+    [note] = [line for line in said if "worker(s), where 1.0 has" in line]
+    assert note.startswith(f"==> note: {MODEL} 2.0 gets {expected} worker(s), where 1.0 has {workers}: "), note
+    assert not [line for line in said if line.startswith("==> warning")], said
+    if new == 0:
+        assert "archived with --handler-option cpu_threads=1 it runs one per CPU" in note, note
+
+
+def test_a_count_chosen_otherwise_is_kept_and_warned_of_where_its_threads_outnumber_the_cpus(fake, tmp_path):
+    fake.workers = 3  # not serve.sh's 4 for 1.0's one thread on 4 CPUs: WORKERS=3, say
+    registered, said = update_with_threads(fake, tmp_path, old=1, new=2, cpus=4)
+    assert registered == 3, said
+    assert said == [
+        f"==> warning: {MODEL} 2.0: 3 worker(s) of 2 threads each on 4 CPUs: more threads than CPUs, which cost a "
+        f"PyTorch archive 6-9x its requests/s; scale it to 2 once it serves "
+        f"(PUT /models/{MODEL}/2.0?min_worker=2&max_worker=2) (docs/batching.md)"
+    ]
+    fake.registered.clear()
+    fake.versions, fake.default = {"1.0": f"{MODEL}.mar"}, "1.0"  # served again as before the update
+    registered, said = update_with_threads(fake, tmp_path, old=1, new=1, cpus=4)
+    assert (registered, said) == (3, [])  # kept, and fitting: nothing to say
+
+
+def test_workers_whose_old_archive_is_gone_are_kept(fake, tmp_path):
+    """1.0's archive no longer in the store: whether its count was serve.sh's cannot be told, so it is kept."""
+    fake.workers = 4
+    write_archive(fake.store / "gone.mar", MODEL, "1.0", handler={"cpu_threads": 1})
+    fake.versions = {"1.0": "gone.mar"}
+    write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0", handler={"cpu_threads": 1})
+    (fake.store / "gone.mar").unlink()
+    update_model(running(fake, key_file(tmp_path, 3600)), MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, grace_s=0,
+                 say=lambda _: None, cpus=8)  # fmt: skip
+    assert fake.registered[0]["initial_workers"] == ["4"]
+
+
+def test_workers_on_a_gpu_are_kept_whatever_the_archives_threads(fake, tmp_path):
+    fake.workers, fake.gpu = 4, True
+    assert update_with_threads(fake, tmp_path, old=1, new=0, cpus=4) == (4, [])
 
 
 def test_the_restart_archive_itself_is_refused_as_the_new_version(fake, tmp_path):

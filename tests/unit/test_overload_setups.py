@@ -111,8 +111,8 @@ def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pas
     """A tripwire: the shipped setups pass --device cpu --units CPUS --workers CPUS --batch-size 8 and no
     --throughput-rps, as serve.sh does on CPU for the demo archive (one thread per worker: as many workers as CPUs,
     the CPUs its units); if serve.sh changes that, tooling/bench/overload.py must follow."""
-    from scripts.cpu_layout import cpu_layout
     from tests.deploy.manifests import archive_with_handler_options
+    from tooling.cpu_layout import cpu_layout
 
     serve = (REPO / "scripts" / "serve.sh").read_text()
     assert "BATCH_SIZE=${BATCH_SIZE:-8}" in serve and "UNITS=$CPUS" in serve
