@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 
 from tooling.cli_arguments import existing_file, non_negative_int, positive_int
+from tooling.cpu_layout import Layout
 from tooling.fleet import DEFAULT_ROOT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
 from tooling.fleet_roll import named_replica, restart, restart_watcher, roll, roll_stopped
@@ -58,6 +59,17 @@ def fleet_command(args: argparse.Namespace, command: str) -> str:
     return f".venv/bin/python -m scripts.fleet{root} {command}"
 
 
+def say_layout(fleet: Fleet, archive: str) -> Layout:
+    """Each replica's layout on `archive`, and what is worth saying of it: why fewer workers than its CPUs (a note),
+    more threads than its CPUs (a warning, on standard error: PyTorch's pools collapse then)."""
+    layout = fleet.replica_layout(archive)
+    if layout.note:
+        print(f"    each replica's {layout.cpus} CPU(s): {layout.note}")
+    if layout.warning:
+        print(f"fleet: warning: each replica's {layout.cpus} CPU(s): {layout.warning}", file=sys.stderr)
+    return layout
+
+
 def up(args: argparse.Namespace) -> int:
     archive = Path(args.archive)
     if len(archive.parts) == 1:
@@ -74,10 +86,11 @@ def up(args: argparse.Namespace) -> int:
     fleet = Fleet(spec, root=args.root)
     fleet.refuse_to_start()  # before saying it starts
     print(f"==> starting {spec.replicas} replicas of {archive}, HAProxy and Prometheus (files in {args.root}/fleet)")
+    layout = say_layout(fleet, archive.name)
     fleet.up()
     for replica in fleet.replicas:
         cores = ",".join(map(str, replica.cores)) if replica.cores else "all"
-        workers = fleet.replica_workers(replica.archive)
+        workers = layout.workers
         url = replica.inference_url
         print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {workers} worker(s), {url}")
     print(f"""
@@ -211,6 +224,7 @@ def roll_archive(args: argparse.Namespace) -> int:
     store = fleet.spec.model_store.resolve()
     if len(archive.parts) > 1 and archive.resolve().parent != store:
         raise FleetError(f"{archive} is not in the fleet's model store {store}: copy it there")
+    say_layout(fleet, archive.name)
     return rolled(fleet, archive.name, args)
 
 

@@ -38,6 +38,7 @@ class Layout:
     workers: int
     threads: int  # each worker's
     fit: int  # the workers the CPUs hold at those threads (cpu_workers)
+    busy: int  # the CPUs the workers keep busy (cpu_cores_used), for the queue's throughput
     note: str = ""  # why fewer workers than CPUs, and the archive option that gives one per CPU
     warning: str = ""  # more threads than CPUs, and the fix
 
@@ -60,10 +61,11 @@ def cpu_layout(
     threads = options.cpu_threads or cpus
     fit = cpu_workers(options, cpus)
     chosen = fit if workers is None else workers
+    busy = cpu_cores_used(options, chosen, cpus)
     if chosen * threads > cpus:
         crowded_anyway = workers is None or fit * threads > cpus  # cpu_threads more than the CPUs
         fix = f"archive it with cpu_threads {cpus} or less" if crowded_anyway else fewer(fit)
-        return Layout(cpus, chosen, threads, fit, warning=(
+        return Layout(cpus, chosen, threads, fit, busy, warning=(
             f"{chosen} worker(s) of {threads} threads each on {cpus} CPUs: more threads than CPUs, which cost a "
             f"PyTorch archive 6-9x its requests/s; {fix} (docs/batching.md)"))  # fmt: skip
     note = ""
@@ -72,4 +74,4 @@ def cpu_layout(
         note = (f"{archive.name}'s workers run {threads} threads each (its cpu_threads {options.cpu_threads}{every}), "
                 f"so {fit} on {cpus} CPUs; archived with --handler-option cpu_threads=1 it runs one per CPU, the "
                 "layout measured fastest (docs/checkpoints.md)")  # fmt: skip
-    return Layout(cpus, chosen, threads, fit, note=note)
+    return Layout(cpus, chosen, threads, fit, busy, note=note)

@@ -43,7 +43,7 @@ import yaml
 
 from handlers.cpu_quota import usable_cpus
 from tooling import files
-from tooling.cpu_layout import cpu_cores_used, cpu_workers
+from tooling.cpu_layout import Layout, cpu_layout
 from tooling.fleet_config import (
     ALERTING_RULES,
     RECORDING_RULES,
@@ -59,7 +59,7 @@ from tooling.fleet_config import (
 )
 from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
 from tooling.latency_budget import machine_throughput
-from tooling.model_archive import archive_response_timeout, handler_options
+from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
 from tooling.processes import (
     in_parallel,
@@ -83,6 +83,12 @@ from tooling.torchserve import (
 )
 
 DEFAULT_ROOT = REPO / "logs"
+
+
+def _spec_workers(fit: int) -> str:
+    return f"give the FleetSpec workers={fit}, or none"
+
+
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
 FRONT = "haproxy"  # the fleet's HAProxy, as its records and `restart` name it
 WATCHERS = (FRONT, "prometheus")  # what runs beside the replicas, each started again by `restart NAME`
@@ -304,34 +310,28 @@ class Fleet:
 
     # ---- replicas ---------------------------------------------------------------------------------
 
-    def replica_workers(self, archive: str) -> int:
-        """Each replica's workers on `archive`: the spec's, or as many as its part of the CPUs holds at the archive's
-        cpu_threads each (tooling/cpu_layout.cpu_workers: one a CPU for the demo archive's one thread, one for
-        cpu_threads 0)."""
-        return self._replica_layout(archive)[0]
-
-    def _replica_layout(self, archive: str) -> tuple[int, int]:
-        """(workers, the CPUs they keep busy) of each replica on `archive`, its part of the CPUs being an even share
-        of those this process may use (handlers/cpu_quota.py; its pinned share of them, where pinned)."""
+    def replica_layout(self, archive: str) -> Layout:
+        """Each replica's workers on `archive` (tooling/cpu_layout.py): the spec's, or as many as its part of the CPUs
+        holds at the archive's cpu_threads each (one a CPU for the demo archive's one thread, one for cpu_threads 0),
+        its part being an even share of those this process may use (handlers/cpu_quota.py; its pinned share of them,
+        where pinned). FleetError for an archive whose handler options every worker would refuse at load."""
         cpus = max(1, usable_cpus() // self.spec.replicas)
         try:
-            options = handler_options(Path(self.spec.model_store) / archive)
+            return cpu_layout(Path(self.spec.model_store) / archive, cpus, self.spec.workers, _spec_workers)
         except ValueError as error:  # not an archive, or handler options every worker would refuse at load
             raise FleetError(str(error)) from None
-        workers = self.spec.workers if self.spec.workers is not None else cpu_workers(options, cpus)
-        return workers, cpu_cores_used(options, workers, cpus)
 
     def _base_properties(self, archive: str) -> dict[str, str]:
         from tooling.cluster_config import cluster_properties
 
-        workers, busy = self._replica_layout(archive)
+        layout = self.replica_layout(archive)
         options = {
             "archive": archive,
             "batch_size": self.spec.batch_size,
             "max_batch_delay": self.spec.max_batch_delay,
-            "workers": workers,
+            "workers": layout.workers,
             # The queue holds what the replica's busy CPUs serve in the budget (as scripts.kserve_layout sizes a pod's).
-            "throughput_rps": machine_throughput("cpu", busy),
+            "throughput_rps": machine_throughput("cpu", layout.busy),
             "latency_budget_ms": self.spec.latency_budget_ms,
         }
         if self.spec.job_queue_size is not None:

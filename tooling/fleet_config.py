@@ -46,7 +46,7 @@ class FleetSpec:
     model_name: str = "bert"
     batch_size: int = 8
     max_batch_delay: int = 2
-    # Each replica's workers; None: as many as its cores hold at the archive's cpu_threads each (Fleet.replica_workers)
+    # Each replica's workers; None: as many as its cores hold at the archive's cpu_threads each (Fleet.replica_layout)
     workers: int | None = None
     job_queue_size: int | None = None  # None: the cluster configuration's, from the latency budget
     latency_budget_ms: int = DEFAULT_BUDGET_MS  # each replica's queue, and HAProxy's deadline on each request

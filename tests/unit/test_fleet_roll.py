@@ -928,7 +928,7 @@ def test_each_replica_runs_as_many_workers_as_its_part_of_the_cpus_holds_at_the_
     monkeypatch.setattr("tooling.fleet.usable_cpus", lambda: 4)
     archive_with_handler_options(tmp_path / "mine.mar", {"cpu_threads": threads})
     fleet = Fleet(FleetSpec(replicas=replicas, model_store=tmp_path, archive="mine.mar"), root=tmp_path / "root")
-    assert fleet.replica_workers("mine.mar") == workers
+    assert fleet.replica_layout("mine.mar").workers == workers
     properties = fleet._base_properties("mine.mar")  # what each replica starts with
     [entry] = json.loads(properties["model_snapshot"])["models"]["bert"].values()
     assert (entry["minWorkers"], entry["maxWorkers"]) == (workers, workers)
@@ -938,7 +938,33 @@ def test_each_replica_runs_as_many_workers_as_its_part_of_the_cpus_holds_at_the_
     queue = admission(fleet.spec.latency_budget_ms, machine_throughput("cpu", busy), workers, 8).job_queue_size
     assert properties["job_queue_size"] == str(queue)
     given = Fleet(FleetSpec(model_store=tmp_path, archive="mine.mar", workers=3), root=tmp_path / "given")
-    assert given.replica_workers("mine.mar") == 3
+    assert given.replica_layout("mine.mar").workers == 3
+
+
+@pytest.mark.parametrize(
+    ("threads", "replicas", "note", "warning"),
+    [
+        (1, 2, "", ""),  # the demo archive: a one-thread worker per CPU of each part, nothing to say
+        (0, 2, "each replica's 2 CPU(s): mine.mar's workers run 2 threads each (its cpu_threads 0: every CPU)", ""),
+        (2, 4, "", "fleet: warning: each replica's 1 CPU(s): 1 worker(s) of 2 threads each on 1 CPUs: more "
+                   "threads than CPUs, which cost a PyTorch archive 6-9x its requests/s; archive it with cpu_threads "
+                   "1 or less"),
+    ],
+    ids=["one-thread", "every-cpu", "more-threads-than-its-part"],
+)  # fmt: skip
+def test_up_and_roll_say_why_a_replica_runs_fewer_workers_than_cpus_and_warn_of_more_threads(
+    tmp_path, monkeypatch, capsys, threads, replicas, note, warning
+):
+    """On 4 CPUs, as `up` and `roll` print it before they start anything."""
+    from scripts.fleet import say_layout
+
+    monkeypatch.setattr("tooling.fleet.usable_cpus", lambda: 4)
+    archive_with_handler_options(tmp_path / "mine.mar", {"cpu_threads": threads})
+    fleet = Fleet(FleetSpec(replicas=replicas, model_store=tmp_path, archive="mine.mar"), root=tmp_path / "root")
+    assert say_layout(fleet, "mine.mar") == fleet.replica_layout("mine.mar")
+    printed = capsys.readouterr()
+    assert printed.out.strip().startswith(note) and bool(printed.out) == bool(note), printed.out
+    assert printed.err.strip().startswith(warning) and bool(printed.err) == bool(warning), printed.err
 
 
 def test_an_archive_whose_handler_options_every_worker_would_refuse_is_refused_before_anything(fleet, tmp_path):
