@@ -40,7 +40,7 @@ from tooling.cluster_config import (
     GPU_WORKERS_PER_GPU,
     build_kserve_layout,
 )
-from tooling.cpu_layout import cpu_cores_used, cpu_workers
+from tooling.cpu_layout import cpu_layout
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 from tooling.model_archive import NotAnArchive, handler_options
 
@@ -66,6 +66,10 @@ def holds_onnx_model(archive: Path, options: HandlerOptions) -> bool:
     subdir = options.model_subdir
     with zipfile.ZipFile(archive) as mar:
         return f"{subdir}/{ONNX_FILE}" in mar.namelist()
+
+
+def _unset_workers(fit: int) -> str:
+    return f"leave --workers unset for {fit}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,22 +125,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kserve_layout: {args.archive}: no such archive (build it with scripts.archive_model)", file=sys.stderr)
         return 2
     try:
-        options = handler_options(args.archive)  # the archive's model-config.yaml, read once
+        options = handler_options(args.archive)  # refused here, in one line, before anything is written
         onnx = holds_onnx_model(args.archive, options)
     except (NotAnArchive, ValueError) as exc:
         print(f"kserve_layout: {exc}", file=sys.stderr)
         return 2
-    if args.workers is None:
-        args.workers = GPU_WORKERS_PER_GPU * args.gpus if gpu else cpu_workers(options, args.pod_cpus)
-    if not gpu and options.cpu_threads > args.pod_cpus:
-        print(
-            f"kserve_layout: warning: the archive's cpu_threads ({options.cpu_threads}) is more than the pod's "
-            f"{args.pod_cpus} CPUs: its threads will contend for them (docs/batching.md)",
-            file=sys.stderr,
-        )
-    if args.throughput_rps is None and not gpu:
-        # The queue is sized for what the pod's cores serve, not per worker: a cpu_threads 0 worker uses them all.
-        args.throughput_rps = machine_throughput("cpu", cpu_cores_used(options, args.workers, args.pod_cpus))
+    if gpu and args.workers is None:
+        args.workers = GPU_WORKERS_PER_GPU * args.gpus
+    if not gpu:  # serve.sh's rule on the pod's CPUs (tooling/cpu_layout.py), and its warning
+        layout = cpu_layout(args.archive, args.pod_cpus, args.workers, _unset_workers)
+        args.workers = layout.workers
+        if layout.warning:
+            print(f"kserve_layout: warning: each pod's {args.pod_cpus} CPUs: {layout.warning}", file=sys.stderr)
+        if args.throughput_rps is None:
+            # The queue is sized for what the pod's cores serve, not per worker: a cpu_threads 0 worker uses them all.
+            args.throughput_rps = machine_throughput("cpu", layout.busy)
     if gpu and onnx:
         # Refused here, not in the pods: TorchServe gives every worker a GPU, each worker refuses an ONNX model it
         # cannot run there (handlers/onnx_forward.providers_for), and the pods would never become ready.
