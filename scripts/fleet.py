@@ -8,6 +8,7 @@
     .venv/bin/python -m scripts.fleet restart r0 r1       # several in turn (HAProxy, Prometheus first where named)
     .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
     .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again as it ran (its process died)
+    .venv/bin/python -m scripts.fleet heal                # start again what died (from cron: every minute)
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -18,7 +19,9 @@ cannot serve stops the roll with nothing touched), then drains one replica at a 
 the archive, probes it and puts it back, failing no request; a replica that cannot serve the archive
 rolls every replica back; the surge replica is stopped at the end (tooling/fleet_roll.py).
 `restart` is one such step onto the archive the replica runs (`--all`: every replica, as a roll onto the fleet's
-archive that moves each one). `status` exits 1 while a replica is DOWN.
+archive that moves each one). `heal` restarts, as `restart` does, HAProxy or Prometheus whose process ended and each
+replica HAProxy has had DOWN for --down-for seconds: what a timer runs, since nothing else starts them again.
+`status` exits 1 while a replica is DOWN.
 Needs the Debian packages haproxy and prometheus (scripts/install_system_packages.sh).
 """
 
@@ -32,17 +35,20 @@ import sys
 import threading
 from pathlib import Path
 
-from tooling.cli_arguments import existing_file, non_negative_int, positive_int
+from tooling.cli_arguments import existing_file, non_negative_float, non_negative_int, positive_int
 from tooling.cpu_layout import Layout
-from tooling.fleet import DEFAULT_ROOT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
+from tooling.fleet import DEFAULT_ROOT, FRONT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import named_replica, restart, restart_watcher, roll, roll_stopped
+from tooling.fleet_roll import named_replica, restart, restart_watcher, roll, roll_running, roll_stopped
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
 from tooling.termination import exit_on_sigterm, raise_terminated
 
 SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
+# How long `heal` leaves a replica DOWN to come back by itself: TorchServe starts a worker that died again (the demo's
+# load takes seconds; its retries back off), and the whole replica's restart takes it out longer than that.
+HEAL_AFTER_DOWN_S = 30.0
 
 
 def alert_for(value: str) -> tuple[str, str]:
@@ -283,6 +289,41 @@ def restart_replica(args: argparse.Namespace) -> int:
     return 0
 
 
+def heal(args: argparse.Namespace) -> int:
+    """Start again what the fleet lost, as `restart` would: HAProxy or Prometheus whose process ended, then each
+    replica HAProxy has had DOWN for --down-for seconds (its TorchServe died or hangs; a worker TorchServe replaces
+    brings its replica back sooner by itself). For a timer. Nothing while a roll, a restart or `down` holds the fleet.
+    Exit 1 when something could not be started again (a `fleet:` line each), else 0."""
+    fleet = Fleet.attach(args.root)
+    if roll_running(fleet.dir):
+        print("==> a roll, a restart or `down` holds the fleet now: nothing started again (the next `heal` looks)")
+        return 0
+    failed: list[str] = []
+    ended = [name for name in WATCHERS if name in ended_processes(args.root)]  # HAProxy first: the replicas' view
+    for name in ended:
+        try:
+            restart_watcher(fleet, name)
+        except FleetError as error:
+            failed.append(f"{name} could not be started again: {error}")
+    servers = {} if FRONT in ended and failed else fleet.servers()  # no HAProxy: no view of the replicas
+    replicas = {replica.name for replica in fleet.replicas}  # not the surge slot: a roll's, which stops it
+    down = {name: int(row["lastchg"]) for name, row in servers.items() if name in replicas and is_down(row["status"])}
+    probe = args.probe.read_bytes()
+    for name, seconds in down.items():
+        if seconds < args.down_for:
+            print(f"    {name}: DOWN for {seconds} s, under --down-for {args.down_for:g}: left as it is for now")
+            continue
+        try:
+            restart(fleet, name, probe)
+        except FleetError as error:
+            failed.append(str(error))
+    if not ended and not down:
+        print("==> every replica, HAProxy and Prometheus run: nothing to start again")
+    for line in failed:
+        print(f"fleet: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def down(args: argparse.Namespace) -> int:
     with roll_stopped(args.root / "fleet") as rolling:
         if rolling is not None:
@@ -334,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--all", action="store_true", help="every replica in turn, the surge replica in rotation")
     again.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     again.add_argument("--no-surge", action="store_true", help="--all without the surge replica (as `roll`)")
+    healing = commands.add_parser(
+        "heal", help="start again HAProxy or Prometheus that ended and each replica DOWN for --down-for seconds"
+    )
+    healing.add_argument("--down-for", type=non_negative_float, default=HEAL_AFTER_DOWN_S,
+                         help=f"seconds a replica must have been DOWN (default {HEAL_AFTER_DOWN_S:g})")  # fmt: skip
+    healing.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
     shown = commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
     shown.add_argument("--json", action="store_true", help="one JSON document: records, views and problems")
     commands.add_parser("down", help="stop the fleet")
@@ -346,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             "status": status,
             "roll": roll_archive,
             "restart": restart_replica,
+            "heal": heal,
             "down": down,
             "drain": set_state,
             "ready": set_state,

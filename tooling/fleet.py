@@ -732,7 +732,7 @@ def write_atomically(path: Path, document: object) -> None:
 
 def ended_processes(root: Path = DEFAULT_ROOT) -> dict[str, int]:
     """HAProxy and Prometheus of the fleet under `root` whose recorded process no longer runs (killed, crashed):
-    {"haproxy": its recorded pid, ...}. Nothing starts either again by itself."""
+    {"haproxy": its recorded pid, ...}. Nothing starts either again by itself: `restart NAME` or `heal` does."""
     try:
         records = json.loads((Path(root) / "fleet" / "processes.json").read_text())
     except FileNotFoundError:

@@ -134,6 +134,12 @@ def roll_stopped(fleet_dir: Path, timeout: float = 30.0) -> Iterator[dict | None
         yield holder
 
 
+def roll_running(fleet_dir: Path) -> bool:
+    """Whether a roll, a restart or `down` holds the fleet's roll lock at this moment."""
+    with open(fleet_dir / ROLL_LOCK, "a+") as lock:
+        return not _locked(lock)  # taken here, it is let go as the file closes
+
+
 def _locked(lock: IO[str]) -> bool:
     """Take `lock` (flock, exclusive) if no other open file holds it."""
     try:

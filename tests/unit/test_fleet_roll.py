@@ -117,6 +117,7 @@ class StandInFleet(Fleet):
         self.restarts: list[tuple[str, str]] = []
         self.stops: list[str] = []  # never a real signal: the leaders here are made up
         self.states = {replica.name: "UP" for replica in self.replicas}
+        self.seconds_in_state: dict[str, int] = {}  # HAProxy's lastchg per server, an hour unless set
         if self.surge is not None:
             self.states[SURGE] = "MAINT"
         for replica in [*self.replicas, *([self.surge] if self.surge else [])]:
@@ -128,7 +129,10 @@ class StandInFleet(Fleet):
 
     def servers(self) -> dict[str, dict[str, str]]:
         row = {"scur": "0", "qcur": "0", "wretr": "0", "wredis": "0", "stot": "0"}
-        return {name: {**row, "status": status} for name, status in self.states.items()}
+        return {
+            name: {**row, "status": status, "lastchg": str(self.seconds_in_state.get(name, 3600))}
+            for name, status in self.states.items()
+        }
 
     def set_server_state(self, name: str, state: str) -> None:
         self.states[name] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[state]
@@ -750,10 +754,11 @@ def kill_leaving_a_zombie(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def restarted(fleet: Fleet, *names: str) -> Iterator[subprocess.CompletedProcess]:
-    """`restart NAMES` on the command line. The process it says it started is stopped after the block, by that pid
-    while it runs this fleet's configuration: the fixture's `down` stops only what the fleet recorded."""
-    started = fleet_command(fleet.root, "restart", *names)
+def restarted(fleet: Fleet, *names: str, command: str = "restart") -> Iterator[subprocess.CompletedProcess]:
+    """`restart NAMES` (or `command` NAMES) on the command line. The process it says it started is stopped after the
+    block, by that pid while it runs this fleet's configuration: the fixture's `down` stops only what the fleet
+    recorded."""
+    started = fleet_command(fleet.root, command, *names)
     try:
         yield started
     finally:
@@ -786,6 +791,23 @@ def test_restart_haproxy_starts_a_killed_front_again_on_its_ports_and_refuses_on
         answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
         assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
         assert "haproxy" not in ended_processes(fronted.root)  # what `status` reads
+    fronted.haproxy.wait()
+
+
+def test_heal_starts_a_killed_front_again_and_leaves_a_whole_fleet_as_it_is(fronted):
+    """`heal`, what a timer runs: with everything running it touches nothing; with HAProxy killed (every request to the
+    front fails) it starts it again as `restart haproxy` does, and the front answers."""
+    with restarted(fronted, command="heal") as whole:
+        assert whole.returncode == 0, whole.stdout + whole.stderr
+        assert "nothing to start again" in whole.stdout and whole.stderr == "", whole
+    kill_leaving_a_zombie(fronted.haproxy)
+    with restarted(fronted, command="heal") as healed:
+        assert healed.returncode == 0, healed.stdout + healed.stderr
+        assert f"==> HAProxy runs again on {fronted.front_url}" in healed.stdout, healed.stdout
+        wait_until(lambda: _answers(fronted.all_servers_up), 30, "the new HAProxy to have r0 UP")
+        answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
+        assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
+        assert ended_processes(fronted.root) == {}
     fronted.haproxy.wait()
 
 
@@ -1271,6 +1293,69 @@ def test_a_restart_of_several_that_fails_says_which_were_restarted_and_which_not
     assert said.startswith("r0 could not be restarted on old.mar: replica r0 cannot load"), said
     assert said.endswith(f"its logs are under {fleet.replicas[0].workdir / 'logs'} ({where})"), said
     assert stand_in.restarts == [(name, "old.mar") for name in names[: names.index("r0") + 1]]
+
+
+def heal_command(stand_in: StandInFleet, probe: Path, down_for: float = 30.0) -> int:
+    """`scripts.fleet heal` (its own function), the fleet it attaches `stand_in`."""
+    import argparse
+
+    from scripts.fleet import heal
+
+    args = argparse.Namespace(root=stand_in.root, down_for=down_for, probe=probe)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
+        return heal(args)
+
+
+def test_heal_restarts_each_replica_down_long_enough_after_the_watchers_and_nothing_an_operator_set(
+    fleet, probe_url, tmp_path, monkeypatch, capsys
+):
+    """r0 DOWN for 40 s and r2 for 5 (a worker TorchServe is replacing, say), r1 drained by an operator, r3 in
+    maintenance, the surge slot DOWN (a roll's): only r0 is restarted, once HAProxy and Prometheus, which had ended, run
+    again; r2 is said to be left for now."""
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    fleet.replicas += [Replica(f"r{i}", tmp_path / f"r{i}", {}, None, "old.mar", fleet.replicas[0].archive_stamp)
+                       for i in (2, 3)]  # fmt: skip
+    stand_in = StandInFleet(fleet, probe_url, surge=True)
+    stand_in.states.update(r0="DOWN", r1="DRAIN", r2="DOWN", r3="MAINT", surge="DOWN")
+    stand_in.seconds_in_state.update(r0=40, r2=5)
+    watched: list[str] = []
+    monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {"prometheus": 7, "haproxy": 6})
+    monkeypatch.setattr(
+        "scripts.fleet.restart_watcher", lambda fleet, name: watched.append(f"{name} {len(stand_in.restarts)}")
+    )
+    assert heal_command(stand_in, probe) == 0
+    assert watched == ["haproxy 0", "prometheus 0"]  # HAProxy first, both before any replica
+    assert stand_in.restarts == [("r0", "old.mar")]
+    assert stand_in.states == {"r0": "UP", "r1": "DRAIN", "r2": "DOWN", "r3": "MAINT", "surge": "DOWN"}
+    assert "r2: DOWN for 5 s, under --down-for 30: left as it is for now" in capsys.readouterr().out
+
+
+def test_heal_says_what_it_could_not_start_again_and_exits_1(fleet, probe_url, tmp_path, monkeypatch, capsys):
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    cannot = FleetError("replica r1 cannot load old.mar: OSError: No space left on device")
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "old.mar"): cannot})
+    stand_in.states.update(r1="DOWN")
+    monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {})
+    assert heal_command(stand_in, probe) == 1
+    printed = capsys.readouterr()
+    said = printed.err
+    assert "nothing to start again" not in printed.out, printed.out
+    assert said.startswith("fleet: r1 could not be restarted on old.mar: replica r1 cannot load old.mar"), said
+
+
+def test_heal_leaves_a_fleet_a_roll_holds_to_the_roll(fleet, probe_url, tmp_path, monkeypatch, capsys):
+    """A roll (or a restart, or `down`) holds the roll lock: its replicas are DOWN on purpose, mid-restart."""
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    stand_in = StandInFleet(fleet, probe_url)
+    stand_in.states.update(r1="DOWN")
+    monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {"haproxy": 6})
+    with _lock_held_unrecorded(stand_in.dir):
+        assert heal_command(stand_in, probe) == 0
+    assert stand_in.restarts == [] and "holds the fleet now: nothing started again" in capsys.readouterr().out
 
 
 @pytest.fixture
