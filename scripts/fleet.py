@@ -298,14 +298,14 @@ def heal(args: argparse.Namespace) -> int:
     if roll_running(fleet.dir):
         print("==> a roll, a restart or `down` holds the fleet now: nothing started again (the next `heal` looks)")
         return 0
-    failed: list[str] = []
+    failed: dict[str, str] = {}  # what could not be started again: why
     ended = [name for name in WATCHERS if name in ended_processes(args.root)]  # HAProxy first: the replicas' view
     for name in ended:
         try:
             restart_watcher(fleet, name)
         except FleetError as error:
-            failed.append(f"{name} could not be started again: {error}")
-    servers = {} if FRONT in ended and failed else fleet.servers()  # no HAProxy: no view of the replicas
+            failed[name] = f"{name} could not be started again: {error}"
+    servers = {} if FRONT in failed else fleet.servers()  # no HAProxy: no view of the replicas
     replicas = {replica.name for replica in fleet.replicas}  # not the surge slot: a roll's, which stops it
     down = {name: int(row["lastchg"]) for name, row in servers.items() if name in replicas and is_down(row["status"])}
     probe = args.probe.read_bytes()
@@ -316,10 +316,10 @@ def heal(args: argparse.Namespace) -> int:
         try:
             restart(fleet, name, probe)
         except FleetError as error:
-            failed.append(str(error))
+            failed[name] = str(error)
     if not ended and not down:
         print("==> every replica, HAProxy and Prometheus run: nothing to start again")
-    for line in failed:
+    for line in failed.values():
         print(f"fleet: {line}", file=sys.stderr)
     return 1 if failed else 0
 

@@ -1346,6 +1346,29 @@ def test_heal_says_what_it_could_not_start_again_and_exits_1(fleet, probe_url, t
     assert said.startswith("fleet: r1 could not be restarted on old.mar: replica r1 cannot load old.mar"), said
 
 
+@pytest.mark.parametrize(("cannot", "restarts"), [("prometheus", [("r1", "old.mar")]), ("haproxy", [])])
+def test_heal_without_haproxy_leaves_the_replicas_and_without_prometheus_goes_on(
+    fleet, probe_url, tmp_path, monkeypatch, capsys, cannot, restarts
+):
+    """A watcher that cannot be started again is said, exit 1; without HAProxy there is no view of the replicas (and
+    their restarts go through it), without Prometheus the replicas are healed all the same."""
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    stand_in = StandInFleet(fleet, probe_url)
+    stand_in.states.update(r1="DOWN")
+    monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {"haproxy": 6, "prometheus": 7})
+
+    def restart_watcher(fleet: Fleet, name: str) -> None:
+        if name == cannot:
+            raise FleetError(f"port 9 is taken: {name} not started")
+
+    monkeypatch.setattr("scripts.fleet.restart_watcher", restart_watcher)
+    assert heal_command(stand_in, probe) == 1
+    assert stand_in.restarts == restarts
+    said = capsys.readouterr().err
+    assert said == f"fleet: {cannot} could not be started again: port 9 is taken: {cannot} not started\n", said
+
+
 def test_heal_leaves_a_fleet_a_roll_holds_to_the_roll(fleet, probe_url, tmp_path, monkeypatch, capsys):
     """A roll (or a restart, or `down`) holds the roll lock: its replicas are DOWN on purpose, mid-restart."""
     probe = tmp_path / "probe.txt"
