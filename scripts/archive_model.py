@@ -41,6 +41,7 @@ from tooling.archiving import (
     write_model_config,
 )
 from tooling.cli_arguments import existing_file, fraction, model_name, model_version, output_folder
+from tooling.model_archive import handler_options
 from tooling.model_update import KeyRefused, registered_from
 from tooling.onnx_export import QUANTIZATIONS, ExportFailed
 from tooling.paths import MODEL_STORE
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 eval_tsv=args.eval_tsv,
                 file_name=args.file_name,
             )
+        options = handler_options(target)
+        if options.cpu_threads == 0 and not options.cuda_graphs:  # CUDA graphs: a GPU's archive, 8 workers a GPU
+            print(f"    {target.name}: cpu_threads 0, every CPU in each worker: on a CPU host scripts/serve.sh "
+                  "starts one worker; --handler-option cpu_threads=1 gives one per CPU, the layout measured fastest "
+                  "(docs/batching.md)")  # fmt: skip
     except (NotACheckpoint, ExportFailed, ValueError) as exc:
         print(f"archive_model: {exc}", file=sys.stderr)
         return 2

@@ -152,6 +152,25 @@ def test_archive_model_refuses_a_handler_option_the_handler_would_refuse_before_
     assert not store.exists() or not list(store.iterdir())
 
 
+def test_an_archive_of_every_cpu_per_worker_says_what_serve_sh_makes_of_it_and_the_option_for_one_per_cpu(
+    tiny_checkpoint, tmp_path, capsys
+):
+    """torch-model-archiver's default, cpu_threads 0, gives one worker on a CPU host (scripts/cpu_layout.py): said as
+    the archive is written, where the option that gives one per CPU can still be added."""
+    from scripts import archive_model
+
+    argv = [str(tiny_checkpoint), "--export-path", str(tmp_path), "--server-config", str(tmp_path / "none.properties")]
+    assert archive_model.main([*argv, "--name", "every"]) == 0
+    said = capsys.readouterr().out
+    assert "every.mar: cpu_threads 0, every CPU in each worker: on a CPU host scripts/serve.sh starts one" in said, said
+    assert "--handler-option cpu_threads=1 gives one per CPU" in said, said
+    assert archive_model.main([*argv, "--name", "one", "--handler-option", "cpu_threads=1"]) == 0
+    assert "cpu_threads 0" not in capsys.readouterr().out
+    # The set-up's GPU archive (CUDA graphs, which only a GPU runs): serve.sh starts 8 workers a GPU, said nothing of.
+    assert archive_model.main([*argv, "--name", "gpu", "--handler-option", "cuda_graphs=true"]) == 0
+    assert "cpu_threads 0" not in capsys.readouterr().out
+
+
 def test_archive_model_asks_nothing_of_a_server_without_a_key_file_or_with_another_store(tmp_path, capsys):
     """No key file: that server is not running. Another store: the archive is none of its. Either way the
     archive is written (here the missing checkpoint stops it next), with no warning and no request sent."""
