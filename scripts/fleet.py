@@ -9,6 +9,7 @@
     .venv/bin/python -m scripts.fleet restart --all       # a rolling restart: each replica in turn, as a roll does
     .venv/bin/python -m scripts.fleet restart haproxy     # HAProxy started again as it ran (its process died)
     .venv/bin/python -m scripts.fleet heal                # start again what died (from cron: every minute)
+    .venv/bin/python -m scripts.fleet heal --every 5      # the same every 5 s, until the fleet is down
     .venv/bin/python -m scripts.fleet roll bert-2.mar     # every replica onto another archive, one at a time
     .venv/bin/python -m scripts.fleet down                # stop exactly what `up` started (and a roll running)
 
@@ -33,9 +34,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
-from tooling.cli_arguments import existing_file, non_negative_float, non_negative_int, positive_int
+from tooling.cli_arguments import existing_file, non_negative_float, non_negative_int, positive_float, positive_int
 from tooling.cpu_layout import Layout
 from tooling.fleet import DEFAULT_ROOT, FRONT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
@@ -290,13 +292,32 @@ def restart_replica(args: argparse.Namespace) -> int:
 
 
 def heal(args: argparse.Namespace) -> int:
+    """`heal` once (from a timer), or with --every, again and again until the fleet is down or the command is
+    stopped: saying only what it starts or cannot start, never "nothing to do" (a line every few seconds)."""
+    if args.every is None:
+        return heal_once(args)
+    while True:
+        try:
+            heal_once(args, quiet=True)
+        except FleetError as error:
+            if not (args.root / "fleet.json").exists():  # `down` ran: nothing left to watch
+                print(f"==> no fleet under {args.root} any more: heal ends")
+                return 0
+            print(f"fleet: {error}", file=sys.stderr)  # the next round looks again
+        except OSError as error:  # HAProxy's socket gone mid-round (a `down` under way, say)
+            print(f"fleet: {error}", file=sys.stderr)
+        time.sleep(args.every)
+
+
+def heal_once(args: argparse.Namespace, quiet: bool = False) -> int:
     """Start again what the fleet lost, as `restart` would: HAProxy or Prometheus whose process ended, then each
     replica HAProxy has had DOWN for --down-for seconds (its TorchServe died or hangs; a worker TorchServe replaces
-    brings its replica back sooner by itself). For a timer. Nothing while a roll, a restart or `down` holds the fleet.
-    Exit 1 when something could not be started again (a `fleet:` line each), else 0."""
+    brings its replica back sooner by itself). Nothing while a roll, a restart or `down` holds the fleet. Exit 1 when
+    something could not be started again (a `fleet:` line each), else 0; `quiet`: nothing said when nothing is done."""
     fleet = Fleet.attach(args.root)
     if roll_running(fleet.dir):
-        print("==> a roll, a restart or `down` holds the fleet now: nothing started again (the next `heal` looks)")
+        if not quiet:
+            print("==> a roll, a restart or `down` holds the fleet now: nothing started again (the next `heal` looks)")
         return 0
     failed: dict[str, str] = {}  # what could not be started again: why
     ended = [name for name in WATCHERS if name in ended_processes(args.root)]  # HAProxy first: the replicas' view
@@ -311,13 +332,14 @@ def heal(args: argparse.Namespace) -> int:
     probe = args.probe.read_bytes()
     for name, seconds in down.items():
         if seconds < args.down_for:
-            print(f"    {name}: DOWN for {seconds} s, under --down-for {args.down_for:g}: left as it is for now")
+            if not quiet:
+                print(f"    {name}: DOWN for {seconds} s, under --down-for {args.down_for:g}: left as it is for now")
             continue
         try:
             restart(fleet, name, probe)
         except FleetError as error:
             failed[name] = str(error)
-    if not ended and not down:
+    if not ended and not down and not quiet:
         print("==> every replica, HAProxy and Prometheus run: nothing to start again")
     for line in failed.values():
         print(f"fleet: {line}", file=sys.stderr)
@@ -381,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     healing.add_argument("--down-for", type=non_negative_float, default=HEAL_AFTER_DOWN_S,
                          help=f"seconds a replica must have been DOWN (default {HEAL_AFTER_DOWN_S:g})")  # fmt: skip
     healing.add_argument("--probe", type=existing_file, default=REVIEW, help="a text file it must answer (200)")
+    healing.add_argument(
+        "--every", type=positive_float, metavar="SECONDS", help="heal again every SECONDS until the fleet is down"
+    )
     shown = commands.add_parser("status", help="show the running fleet (exit 1 while a replica is DOWN)")
     shown.add_argument("--json", action="store_true", help="one JSON document: records, views and problems")
     commands.add_parser("down", help="stop the fleet")

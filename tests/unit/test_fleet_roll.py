@@ -811,6 +811,35 @@ def test_heal_starts_a_killed_front_again_and_leaves_a_whole_fleet_as_it_is(fron
     fronted.haproxy.wait()
 
 
+def test_heal_every_few_seconds_brings_a_killed_front_back_says_only_that_and_ends_with_the_fleet(fronted):
+    """`heal --every`, for a terminal or a service: HAProxy killed, the loop starts it again within a round or two, says
+    so once (no line for the rounds with nothing to do), and ends, exit 0, once `down` has stopped the fleet."""
+    command = [sys.executable, "-m", "scripts.fleet", "--root", str(fronted.root), "heal", "--every", "0.5"]
+    healer = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)  # rounds with nothing to do
+        kill_leaving_a_zombie(fronted.haproxy)
+
+        def front_answers() -> bool:
+            try:
+                return requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=5).ok
+            except requests.ConnectionError:
+                return False
+
+        wait_until(front_answers, 30, "heal to start HAProxy again and r0 to answer through it")
+        stopped = fleet_command(fronted.root, "down")
+        assert stopped.returncode == 0 and "haproxy (pid" in stopped.stdout, stopped
+        out, err = healer.communicate(timeout=30)
+    finally:
+        if healer.poll() is None:
+            healer.kill()
+            healer.communicate()
+    assert healer.returncode == 0, (out, err)
+    assert out.count("==> HAProxy runs again") == 1 and "nothing to start again" not in out, out
+    assert out.rstrip().endswith(f"==> no fleet under {fronted.root} any more: heal ends"), out
+    fronted.haproxy.wait()
+
+
 def test_a_replica_drained_before_haproxy_died_stays_drained_after_its_restart_and_a_new_fleet_starts_from_none(
     fronted,
 ):
@@ -1301,7 +1330,7 @@ def heal_command(stand_in: StandInFleet, probe: Path, down_for: float = 30.0) ->
 
     from scripts.fleet import heal
 
-    args = argparse.Namespace(root=stand_in.root, down_for=down_for, probe=probe)
+    args = argparse.Namespace(root=stand_in.root, down_for=down_for, probe=probe, every=None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
         return heal(args)
