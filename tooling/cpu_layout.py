@@ -37,14 +37,9 @@ class Layout:
     cpus: int
     workers: int
     threads: int  # each worker's
-    fit: int  # the workers the CPUs hold at those threads (cpu_workers)
     busy: int  # the CPUs the workers keep busy (cpu_cores_used), for the queue's throughput
     note: str = ""  # why fewer workers than CPUs, and the archive option that gives one per CPU
     warning: str = ""  # more threads than CPUs, and the fix
-
-    @property
-    def crowded(self) -> bool:
-        return self.workers * self.threads > self.cpus
 
 
 def _unset_workers(fit: int) -> str:
@@ -65,7 +60,7 @@ def cpu_layout(
     if chosen * threads > cpus:
         crowded_anyway = workers is None or fit * threads > cpus  # cpu_threads more than the CPUs
         fix = f"archive it with cpu_threads {cpus} or less" if crowded_anyway else fewer(fit)
-        return Layout(cpus, chosen, threads, fit, busy, warning=(
+        return Layout(cpus, chosen, threads, busy, warning=(
             f"{chosen} worker(s) of {threads} threads each on {cpus} CPUs: more threads than CPUs, which cost a "
             f"PyTorch archive 6-9x its requests/s; {fix} (docs/batching.md)"))  # fmt: skip
     note = ""
@@ -74,4 +69,4 @@ def cpu_layout(
         note = (f"{archive.name}'s workers run {threads} threads each (its cpu_threads {options.cpu_threads}{every}), "
                 f"so {fit} on {cpus} CPUs; archived with --handler-option cpu_threads=1 it runs one per CPU, the "
                 "layout measured fastest (docs/checkpoints.md)")  # fmt: skip
-    return Layout(cpus, chosen, threads, fit, busy, note=note)
+    return Layout(cpus, chosen, threads, busy, note=note)

@@ -88,7 +88,13 @@ def only_roll(fleet_dir: Path) -> Iterator[None]:
         lock.truncate(0)
         lock.write(json.dumps(process_record(os.getpid())))
         lock.flush()
-        yield
+        try:
+            yield
+        finally:
+            # Cleared as the lock is let go: a record left behind would name a process that no longer rolls, and a
+            # `down` that found the lock held a moment later (heal --every looking) would stop that process.
+            lock.truncate(0)
+            lock.flush()
 
 
 @contextlib.contextmanager

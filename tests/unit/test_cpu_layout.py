@@ -64,7 +64,7 @@ def test_an_archive_of_more_threads_than_cpus_gets_one_worker_and_a_warning_nami
 
 
 def test_the_shell_assignments_read_back_as_they_were():
-    layout = Layout(2, 1, 2, 1, 2, note="it's mine.mar's; $HOME `id`", warning='"quoted" \\ back')
+    layout = Layout(2, 1, 2, 2, note="it's mine.mar's; $HOME `id`", warning='"quoted" \\ back')
     assert read_back(shell(layout)) == ["2", "1", layout.note, layout.warning]
 
 

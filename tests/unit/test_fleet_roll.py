@@ -416,6 +416,21 @@ def test_only_one_roll_at_a_time(tmp_path):
         pass
 
 
+def test_a_roll_lock_names_its_holder_while_held_and_no_one_once_let_go(tmp_path):
+    """`down` stops the process the lock names when it finds the lock held: a name left behind would be a process that
+    no longer rolls (a `heal --every` loop, whose restarts take the lock, found holding it a moment by `down`)."""
+    from tooling.fleet_roll import ROLL_LOCK, roll_running
+
+    assert not roll_running(tmp_path)
+    with only_roll(tmp_path):
+        assert json.loads((tmp_path / ROLL_LOCK).read_text())["pid"] == os.getpid()
+        assert roll_running(tmp_path)
+    assert (tmp_path / ROLL_LOCK).read_text() == "" and not roll_running(tmp_path)
+    with pytest.raises(RuntimeError), only_roll(tmp_path):
+        raise RuntimeError("a roll that failed")
+    assert (tmp_path / ROLL_LOCK).read_text() == ""
+
+
 def test_a_roll_refuses_to_work_from_a_stale_reading_of_the_fleet(fleet):
     leaders = [{"pid": 10 + i, "create_time": 1.5} for i in range(2)]
     for replica, leader in zip(fleet.replicas, leaders, strict=True):
@@ -816,24 +831,27 @@ def test_heal_every_few_seconds_brings_a_killed_front_back_says_only_that_and_en
     so once (no line for the rounds with nothing to do), and ends, exit 0, once `down` has stopped the fleet."""
     command = [sys.executable, "-m", "scripts.fleet", "--root", str(fronted.root), "heal", "--every", "0.5"]
     healer = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(healer.stdout), daemon=True)  # its lines as they come
+    reader.start()
     try:
         time.sleep(1.5)  # rounds with nothing to do
         kill_leaving_a_zombie(fronted.haproxy)
-
-        def front_answers() -> bool:
-            try:
-                return requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=5).ok
-            except requests.ConnectionError:
-                return False
-
-        wait_until(front_answers, 30, "heal to start HAProxy again and r0 to answer through it")
+        # Said once HAProxy is back and r0 UP in it; a `down` before then would stop the heal mid-restart, as it stops
+        # a roll (the heal's restart holds the fleet's roll lock).
+        wait_until(lambda: any("==> HAProxy runs again" in line for line in said), 30, "heal to start HAProxy again")
+        answer = requests.post(f"{fronted.front_url}/predictions/bert", data=b"a text", timeout=10)
+        assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
         stopped = fleet_command(fronted.root, "down")
         assert stopped.returncode == 0 and "haproxy (pid" in stopped.stdout, stopped
-        out, err = healer.communicate(timeout=30)
+        assert "roll in progress" not in stopped.stdout, stopped.stdout  # the heal holds nothing between rounds
+        healer.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         if healer.poll() is None:
             healer.kill()
-            healer.communicate()
+            healer.wait()
+    out, err = "".join(said), healer.stderr.read()
     assert healer.returncode == 0, (out, err)
     assert out.count("==> HAProxy runs again") == 1 and "nothing to start again" not in out, out
     assert out.rstrip().endswith(f"==> no fleet under {fronted.root} any more: heal ends"), out
