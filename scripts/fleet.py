@@ -107,6 +107,7 @@ Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas
 Prometheus: {fleet.prometheus_url}   HAProxy stats: {fleet.haproxy_metrics_url}/stats
 Drain a replica: {fleet_command(args, "drain r0")}   (back: ... ready r0)
 Health: {fleet_command(args, "status")}   (exit 1 names a replica DOWN; start it again: ... restart r0)
+Start again what dies, every 5 s until down: {fleet_command(args, "heal --every 5")}   (or `heal` from cron)
 Stop: {fleet_command(args, "down")}""")
     return 0
 

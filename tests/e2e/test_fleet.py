@@ -255,6 +255,11 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
         answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30)
         assert json.loads(answer.stdout)["label"] in {"negative", "positive"}, answer.stdout + answer.stderr
         assert fleet_command(root, "status", timeout=240).returncode == 0
+        # The heal `up` suggests, once: a whole fleet, nothing started again (each case: tests/unit/test_fleet_roll.py).
+        assert "heal --every 5" in started.stdout, started.stdout
+        healed = fleet_command(root, "heal", timeout=240)
+        assert (healed.returncode, healed.stderr) == (0, ""), healed
+        assert healed.stdout.strip() == "==> every replica, HAProxy and Prometheus run: nothing to start again", healed
 
         slower = make_archive(tiny_checkpoint, "fleet-slower")  # the default response timeout, 60 s against 3 s
         refused = fleet_command(root, "roll", slower, timeout=240)
