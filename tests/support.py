@@ -149,6 +149,25 @@ def metrics_once(server, model: str, at_least: Mapping[str, float], timeout: flo
         time.sleep(0.05)
 
 
+def settled_metrics(server, model: str, quiet_s: float = 0.5, timeout: float = 30.0) -> str:
+    """/metrics once the handler's item counter for `model` has stayed the same for `quiet_s`: what a test reads as
+    its "before". The counters of requests answered earlier (an earlier test's, on a server tests share) land a moment
+    after their answers (metrics_once), and one landing after "before" was read counts as the test's own."""
+    from tooling.prometheus import metric_value
+
+    deadline = time.monotonic() + timeout
+    text = server.metrics_text()
+    while True:
+        time.sleep(quiet_s)
+        again = server.metrics_text()
+        then, now = (metric_value(t, "bert_items_total", ModelName=model) for t in (text, again))
+        if now == then:
+            return again
+        if time.monotonic() > deadline:
+            pytest.fail(f"{model}'s bert_items_total still moving after {timeout:g}s ({then} -> {now})")
+        text = again
+
+
 def batches_received(server, model: str, version: str = "1.0") -> int:
     """How many batches the workers of `model` (at `version`) have received so far, by their "Backend received
     inference" lines in the server's model_log.log: written by a worker as it takes a batch off its socket, so

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import empty_pb2
 
 from tests.grpc_client import compile_protos
-from tests.support import SHARED_MODEL, metrics_once
+from tests.support import SHARED_MODEL, metrics_once, settled_metrics
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,7 @@ def test_concurrent_mixed_calls_answer_as_http_does(stub, protos, torchserve, mo
             inputs, http_body, status, kind = invalid[(i // 4) % len(invalid)]
             calls.append((inputs, (http_body, status, kind)))
 
-    before = batching(torchserve.metrics_text())
+    before = batching(settled_metrics(torchserve, MODEL))
     with ThreadPoolExecutor(max_workers=16) as pool:
         answers = list(pool.map(lambda call: predict(stub, protos, torchserve, call[0]), calls))
     # The handler's counters reach /metrics through the worker's log stream, after the answers: wait for them.

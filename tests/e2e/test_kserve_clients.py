@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.test_kserve_protocols import alone
-from tests.support import JSON, metrics_once
+from tests.support import JSON, metrics_once, settled_metrics
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -231,7 +231,7 @@ def test_concurrent_binary_and_json_answers_keep_their_own_headers_within_a_batc
             metric_value(text, name, ModelName=shared_model) for name in ("bert_items_total", "bert_batches_total")
         )
 
-    before = items_and_batches(torchserve.metrics_text())
+    before = items_and_batches(settled_metrics(torchserve, shared_model))
     with ThreadPoolExecutor(max_workers=16) as pool:
         replies = list(pool.map(post, calls))
     after = items_and_batches(metrics_once(torchserve, shared_model, {"bert_items_total": before[0] + len(calls)}))

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.kserve_cases import MALFORMED, v1, v2
-from tests.support import JSON, metrics_once
+from tests.support import JSON, metrics_once, settled_metrics
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -81,7 +81,7 @@ def test_concurrent_mixed_protocols_are_answered_instance_by_instance(served):
             path = paths["v2"] if "inputs" in body else paths["v1"]
             requests.append((path, body, None, (status, kind_, fragment)))
 
-    before = _counters(server.metrics_text(), model)
+    before = _counters(settled_metrics(server, model), model)
     with ThreadPoolExecutor(max_workers=16) as pool:
         results = list(pool.map(lambda r: post(server, r[0], r[1]), requests))
     # The handler's counters reach /metrics through the worker's log stream, after the answers: wait for them

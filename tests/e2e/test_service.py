@@ -13,7 +13,7 @@ import requests
 
 from tests.answers import TOLERANCE, assert_same_answer, distinguishable_texts
 from tests.rejection_cases import REJECTED_BODIES
-from tests.support import JSON, TEXT, logs_caught_up, metrics_once, umask_of, unseen_reviews
+from tests.support import JSON, TEXT, logs_caught_up, metrics_once, settled_metrics, umask_of, unseen_reviews
 from tooling.prometheus import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +87,7 @@ def test_concurrent_mixed_requests_each_get_their_own_answer(
             body, content_type, status, kind = REJECTED_BODIES[i]
             mixed.append((body, content_type, (status, kind)))
 
-    before = _batching_counters(torchserve.metrics_text())
+    before = _batching_counters(settled_metrics(torchserve, tiny_model))
     with ThreadPoolExecutor(max_workers=24) as pool:
         responses = list(pool.map(lambda r: torchserve.predict(tiny_model, r[0], r[1]), mixed))
     after = _batching_counters(metrics_once(torchserve, tiny_model, {"bert_items_total": before["items"] + len(mixed)}))

@@ -169,6 +169,10 @@ def test_an_archive_of_every_cpu_per_worker_says_what_serve_sh_makes_of_it_and_t
     # The set-up's GPU archive (CUDA graphs, which only a GPU runs): serve.sh starts 8 workers a GPU, said nothing of.
     assert archive_model.main([*argv, "--name", "gpu", "--handler-option", "cuda_graphs=true"]) == 0
     assert "cpu_threads 0" not in capsys.readouterr().out
+    # A --config its workers will refuse at load is archived as before (their load says why), nothing said of it.
+    refused = archiving.write_model_config(tmp_path / "refused.yaml", None, max_length="long")
+    assert archive_model.main([*argv, "--name", "refused", "--config", str(refused)]) == 0
+    assert "cpu_threads 0" not in capsys.readouterr().out and (tmp_path / "refused.mar").is_file()
 
 
 def test_archive_model_asks_nothing_of_a_server_without_a_key_file_or_with_another_store(tmp_path, capsys):
