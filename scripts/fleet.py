@@ -51,6 +51,7 @@ SAMPLE = '{"text": "The staff were friendly and the room was spotless."}'
 # How long `heal` leaves a replica DOWN to come back by itself: TorchServe starts a worker that died again (the demo's
 # load takes seconds; its retries back off), and the whole replica's restart takes it out longer than that.
 HEAL_AFTER_DOWN_S = 30.0
+HEAL_BACK_OFF_MAX_S = 3600.0  # the longest heal --every waits before it tries a replica that failed to restart again
 
 
 def alert_for(value: str) -> tuple[str, str]:
@@ -297,9 +298,10 @@ def heal(args: argparse.Namespace) -> int:
     stopped: saying only what it starts or cannot start, never "nothing to do" (a line every few seconds)."""
     if args.every is None:
         return heal_once(args)
+    failures: dict[str, int] = {}  # replica -> its restarts that failed in a row, for the back-off
     while True:
         try:
-            heal_once(args, quiet=True)
+            heal_once(args, quiet=True, failures=failures)
         except FleetError as error:
             if not (args.root / "fleet.json").exists():  # `down` ran: nothing left to watch
                 print(f"==> no fleet under {args.root} any more: heal ends")
@@ -310,11 +312,14 @@ def heal(args: argparse.Namespace) -> int:
         time.sleep(args.every)
 
 
-def heal_once(args: argparse.Namespace, quiet: bool = False) -> int:
+def heal_once(args: argparse.Namespace, quiet: bool = False, failures: dict[str, int] | None = None) -> int:
     """Start again what the fleet lost, as `restart` would: HAProxy or Prometheus whose process ended, then each
     replica HAProxy has had DOWN for --down-for seconds (its TorchServe died or hangs; a worker TorchServe replaces
     brings its replica back sooner by itself). Nothing while a roll, a restart or `down` holds the fleet. Exit 1 when
-    something could not be started again (a `fleet:` line each), else 0; `quiet`: nothing said when nothing is done."""
+    something could not be started again (a `fleet:` line each), else 0; `quiet`: nothing said when nothing is done.
+    `failures` (a loop's, kept between rounds): each replica's restarts that failed in a row, each doubling the time
+    it must have been DOWN before the next try, up to an hour: a replica that cannot load its archive is not restarted
+    every round, a JVM start and a model load taken from the replicas that serve each time."""
     fleet = Fleet.attach(args.root)
     if roll_running(fleet.dir):
         if not quiet:
@@ -331,15 +336,22 @@ def heal_once(args: argparse.Namespace, quiet: bool = False) -> int:
     replicas = {replica.name for replica in fleet.replicas}  # not the surge slot: a roll's, which stops it
     down = {name: int(row["lastchg"]) for name, row in servers.items() if name in replicas and is_down(row["status"])}
     probe = args.probe.read_bytes()
+    failures = {} if failures is None else failures
+    for name in set(failures) - set(down):  # back in rotation (or out by an operator's hand): a fresh start
+        del failures[name]
     for name, seconds in down.items():
-        if seconds < args.down_for:
+        wait = min(args.down_for * 2 ** failures.get(name, 0), HEAL_BACK_OFF_MAX_S)
+        if seconds < wait:
             if not quiet:
-                print(f"    {name}: DOWN for {seconds} s, under --down-for {args.down_for:g}: left as it is for now")
+                print(f"    {name}: DOWN for {seconds} s, heal waits {wait:g} s: left as it is for now")
             continue
         try:
             restart(fleet, name, probe)
         except FleetError as error:
             failed[name] = str(error)
+            failures[name] = failures.get(name, 0) + 1
+        else:
+            failures.pop(name, None)
     if not ended and not down and not quiet:
         print("==> every replica, HAProxy and Prometheus run: nothing to start again")
     for line in failed.values():

@@ -1376,7 +1376,7 @@ def test_heal_restarts_each_replica_down_long_enough_after_the_watchers_and_noth
     assert watched == ["haproxy 0", "prometheus 0"]  # HAProxy first, both before any replica
     assert stand_in.restarts == [("r0", "old.mar")]
     assert stand_in.states == {"r0": "UP", "r1": "DRAIN", "r2": "DOWN", "r3": "MAINT", "surge": "DOWN"}
-    assert "r2: DOWN for 5 s, under --down-for 30: left as it is for now" in capsys.readouterr().out
+    assert "r2: DOWN for 5 s, heal waits 30 s: left as it is for now" in capsys.readouterr().out
 
 
 def test_heal_says_what_it_could_not_start_again_and_exits_1(fleet, probe_url, tmp_path, monkeypatch, capsys):
@@ -1414,6 +1414,42 @@ def test_heal_without_haproxy_leaves_the_replicas_and_without_prometheus_goes_on
     assert stand_in.restarts == restarts
     said = capsys.readouterr().err
     assert said == f"fleet: {cannot} could not be started again: port 9 is taken: {cannot} not started\n", said
+
+
+def test_heal_every_round_backs_off_a_replica_that_fails_to_restart_and_forgets_once_it_serves(
+    fleet, probe_url, tmp_path, monkeypatch
+):
+    """A replica that cannot load its archive, under `heal --every`: each failed restart doubles how long it must have
+    been DOWN before the next try (30, 60, 120 s ...), so its JVM start and model load are not every round's."""
+    import argparse
+
+    from scripts.fleet import heal_once
+
+    probe = tmp_path / "probe.txt"
+    probe.write_text("the room was clean")
+    cannot = FleetError("replica r1 cannot load old.mar: OSError: No space left on device")
+    stand_in = StandInFleet(fleet, probe_url, failures={("r1", "old.mar"): cannot})
+    monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {})
+    monkeypatch.setattr(Fleet, "attach", classmethod(lambda cls, root: stand_in))
+    args = argparse.Namespace(root=stand_in.root, down_for=30.0, probe=probe, every=5.0)
+    failures: dict[str, int] = {}
+
+    def round_at(seconds_down: int) -> int:
+        stand_in.states["r1"] = "DOWN"  # where a failed restart leaves it: its new TorchServe does not answer
+        stand_in.seconds_in_state["r1"] = seconds_down
+        heal_once(args, quiet=True, failures=failures)
+        return len(stand_in.restarts)
+
+    assert [round_at(40), round_at(40), round_at(59), round_at(60)] == [1, 1, 1, 2]  # 30 s, then 60
+    assert (round_at(119), round_at(120), failures) == (2, 3, {"r1": 3})  # then 120
+    del stand_in.failures["r1", "old.mar"]  # its archive loads again (disk freed, say)
+    assert (round_at(240), failures) == (4, {})
+    failures["r1"] = 20  # twenty failures in a row: an hour at the most, not 30 s x 2^20
+    assert (round_at(3599), round_at(3600), failures) == (4, 5, {})
+    failures["r1"] = 5
+    stand_in.states["r1"] = "UP"  # back by other means: forgotten
+    heal_once(args, quiet=True, failures=failures)
+    assert failures == {}
 
 
 def test_heal_leaves_a_fleet_a_roll_holds_to_the_roll(fleet, probe_url, tmp_path, monkeypatch, capsys):
