@@ -337,8 +337,15 @@ def heal_once(args: argparse.Namespace, quiet: bool = False, failures: dict[str,
     down = {name: int(row["lastchg"]) for name, row in servers.items() if name in replicas and is_down(row["status"])}
     probe = args.probe.read_bytes()
     failures = {} if failures is None else failures
-    for name in set(failures) - set(down):  # back in rotation (or out by an operator's hand): a fresh start
+    for name in set(failures) - set(down):  # back in rotation: a fresh start
         del failures[name]
+    # Drained or in maintenance by hand and then stopped (or dead): the operator's. A restart this heal tried leaves
+    # its replica drained too, and only a loop remembers that (`failures`): from cron such a one is left to you.
+    held = fleet.held_out() if down else set()
+    for name in sorted(held & set(down) - set(failures)):
+        if not quiet:
+            print(f"    {name}: DOWN and set drain or maint by hand: left as it is (`restart {name}` brings it back)")
+        del down[name]
     for name, seconds in down.items():
         wait = min(args.down_for * 2 ** failures.get(name, 0), HEAL_BACK_OFF_MAX_S)
         if seconds < wait:

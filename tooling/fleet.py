@@ -57,7 +57,7 @@ from tooling.fleet_config import (
     server_state_file,
     surge_targets,
 )
-from tooling.haproxy_admin import haproxy_command, haproxy_servers, set_server_state
+from tooling.haproxy_admin import haproxy_command, haproxy_servers, held_out, set_server_state
 from tooling.latency_budget import machine_throughput
 from tooling.model_archive import archive_response_timeout
 from tooling.paths import REPO
@@ -657,6 +657,10 @@ class Fleet:
     def servers(self) -> dict[str, dict[str, str]]:
         """HAProxy's view of every replica, and of the surge slot: {name: show-stat columns}."""
         return haproxy_servers(self.socket_path)
+
+    def held_out(self) -> set[str]:
+        """The servers set `drain` or `maint` through HAProxy's admin socket, DOWN or not (haproxy_admin's)."""
+        return held_out(self.socket_path)
 
     def set_server_state(self, name: str, state: str) -> None:
         """`ready`, `drain` (finish in-flight requests, take no new ones) or `maint`: haproxy_admin's."""

@@ -32,6 +32,21 @@ def haproxy_servers(socket_path: Path | str) -> dict[str, dict[str, str]]:
     return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] != "BACKEND"}
 
 
+# srv_admin_state bits (HAProxy's SRV_ADMF_*) an operator sets through the admin socket: maintenance, drain.
+_FORCED_MAINT, _FORCED_DRAIN = 0x01, 0x08
+
+
+def held_out(socket_path: Path | str) -> set[str]:
+    """The replicas' backend servers set `drain` or `maint` through the admin socket (`show servers state`): `show
+    stat` says DOWN for one whose checks fail whatever it was set, and only this tells an operator's drain apart."""
+    held = set()
+    for line in haproxy_command(socket_path, f"show servers state {BACKEND}").splitlines():
+        fields = line.split()
+        if len(fields) > 6 and not line.startswith("#") and int(fields[6]) & (_FORCED_MAINT | _FORCED_DRAIN):
+            held.add(fields[3])  # srv_name; srv_admin_state is the seventh column
+    return held
+
+
 def is_down(status: str) -> bool:
     """Whether a server's `show stat` status says HAProxy's health checks find it not answering: DOWN, or "DOWN 1/2"
     while its checks start passing again. DRAIN and MAINT are an operator's doing, not a fault."""

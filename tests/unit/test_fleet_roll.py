@@ -118,6 +118,8 @@ class StandInFleet(Fleet):
         self.stops: list[str] = []  # never a real signal: the leaders here are made up
         self.states = {replica.name: "UP" for replica in self.replicas}
         self.seconds_in_state: dict[str, int] = {}  # HAProxy's lastchg per server, an hour unless set
+        # Set drain or maint through the admin socket: kept while the server's checks fail (its status DOWN then).
+        self.held = {name for name, state in self.states.items() if state == "MAINT"}
         if self.surge is not None:
             self.states[SURGE] = "MAINT"
         for replica in [*self.replicas, *([self.surge] if self.surge else [])]:
@@ -136,6 +138,10 @@ class StandInFleet(Fleet):
 
     def set_server_state(self, name: str, state: str) -> None:
         self.states[name] = {"drain": "DRAIN", "ready": "UP", "maint": "MAINT"}[state]
+        (self.held.discard if state == "ready" else self.held.add)(name)
+
+    def held_out(self) -> set[str]:
+        return set(self.held)
 
     def _stop_replica(self, replica: Replica) -> None:
         if replica.leader is not None:
@@ -1069,9 +1075,14 @@ def test_drain_and_ready_on_the_command_line_and_a_replica_haproxy_does_not_know
     drained = fleet_command(fronted.root, "drain", "r0")
     assert drained.returncode == 0 and drained.stdout.strip() == "==> r0: drain", drained
     assert fronted.servers()["r0"]["status"].startswith("DRAIN")
+    assert fronted.held_out() == {"r0"}  # as `heal` reads an operator's drain
     ready = fleet_command(fronted.root, "ready", "r0")
     assert ready.returncode == 0 and ready.stdout.strip() == "==> r0: ready", ready
     assert not fronted.servers()["r0"]["status"].startswith("DRAIN")
+    assert fronted.held_out() == set()
+    fronted.set_server_state("r0", "maint")
+    assert fronted.held_out() == {"r0"}
+    fronted.set_server_state("r0", "ready")
     unknown = fleet_command(fronted.root, "drain", "r9")
     assert unknown.returncode == 1 and "fleet: haproxy refused to set r9 drain: No such server" in unknown.stderr
     # The surge slot is HAProxy's too, but only a roll moves it: by hand it would show DOWN between rolls.
@@ -1358,14 +1369,16 @@ def test_heal_restarts_each_replica_down_long_enough_after_the_watchers_and_noth
     fleet, probe_url, tmp_path, monkeypatch, capsys
 ):
     """r0 DOWN for 40 s and r2 for 5 (a worker TorchServe is replacing, say), r1 drained by an operator, r3 in
-    maintenance, the surge slot DOWN (a roll's): only r0 is restarted, once HAProxy and Prometheus, which had ended, run
-    again; r2 is said to be left for now."""
+    maintenance, r4 drained by an operator and then stopped (DOWN to HAProxy's checks, drained still), the surge slot
+    DOWN (a roll's): only r0 is restarted, once HAProxy and Prometheus, which had ended, run again; r2 and r4 are said
+    to be left."""
     probe = tmp_path / "probe.txt"
     probe.write_text("the room was clean")
     fleet.replicas += [Replica(f"r{i}", tmp_path / f"r{i}", {}, None, "old.mar", fleet.replicas[0].archive_stamp)
-                       for i in (2, 3)]  # fmt: skip
+                       for i in (2, 3, 4)]  # fmt: skip
     stand_in = StandInFleet(fleet, probe_url, surge=True)
-    stand_in.states.update(r0="DOWN", r1="DRAIN", r2="DOWN", r3="MAINT", surge="DOWN")
+    stand_in.states.update(r0="DOWN", r1="DRAIN", r2="DOWN", r3="MAINT", r4="DOWN", surge="DOWN")
+    stand_in.held |= {"r1", "r3", "r4"}
     stand_in.seconds_in_state.update(r0=40, r2=5)
     watched: list[str] = []
     monkeypatch.setattr("scripts.fleet.ended_processes", lambda root: {"prometheus": 7, "haproxy": 6})
@@ -1375,8 +1388,10 @@ def test_heal_restarts_each_replica_down_long_enough_after_the_watchers_and_noth
     assert heal_command(stand_in, probe) == 0
     assert watched == ["haproxy 0", "prometheus 0"]  # HAProxy first, both before any replica
     assert stand_in.restarts == [("r0", "old.mar")]
-    assert stand_in.states == {"r0": "UP", "r1": "DRAIN", "r2": "DOWN", "r3": "MAINT", "surge": "DOWN"}
-    assert "r2: DOWN for 5 s, heal waits 30 s: left as it is for now" in capsys.readouterr().out
+    assert stand_in.states == {"r0": "UP", "r1": "DRAIN", "r2": "DOWN", "r3": "MAINT", "r4": "DOWN", "surge": "DOWN"}
+    said = capsys.readouterr().out
+    assert "r2: DOWN for 5 s, heal waits 30 s: left as it is for now" in said, said
+    assert "r4: DOWN and set drain or maint by hand: left as it is (`restart r4` brings it back)" in said, said
 
 
 def test_heal_says_what_it_could_not_start_again_and_exits_1(fleet, probe_url, tmp_path, monkeypatch, capsys):
