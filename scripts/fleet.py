@@ -99,9 +99,8 @@ def up(args: argparse.Namespace) -> int:
     fleet.up()
     for replica in fleet.replicas:
         cores = ",".join(map(str, replica.cores)) if replica.cores else "all"
-        workers = layout.workers
-        url = replica.inference_url
-        print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {workers} worker(s), {url}")
+        print(f"    {replica.name}: java pid {replica.java_pid}, cores {cores}, {layout.workers} worker(s), "
+              f"{replica.inference_url}")  # fmt: skip
     print(f"""
 Ready: {fleet.front_url} (HAProxy, leastconn over {len(fleet.replicas)} replicas; state in {fleet.state_file})
   curl -H "Content-Type: application/json" -d '{SAMPLE}' {fleet.front_url}/predictions/bert

@@ -83,12 +83,6 @@ from tooling.torchserve import (
 )
 
 DEFAULT_ROOT = REPO / "logs"
-
-
-def _spec_workers(fit: int) -> str:
-    return f"give the FleetSpec workers={fit}, or none"
-
-
 SURGE = "surge"  # the spare replica a roll runs beside the others, so the fleet keeps its capacity
 FRONT = "haproxy"  # the fleet's HAProxy, as its records and `restart` name it
 WATCHERS = (FRONT, "prometheus")  # what runs beside the replicas, each started again by `restart NAME`
@@ -310,6 +304,10 @@ class Fleet:
 
     # ---- replicas ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def _fewer_workers(fit: int) -> str:
+        return f"give the FleetSpec workers={fit}, or none"
+
     def replica_layout(self, archive: str) -> Layout:
         """Each replica's workers on `archive` (tooling/cpu_layout.py): the spec's, or as many as its part of the CPUs
         holds at the archive's cpu_threads each (one a CPU for the demo archive's one thread, one for cpu_threads 0),
@@ -317,7 +315,7 @@ class Fleet:
         where pinned). FleetError for an archive whose handler options every worker would refuse at load."""
         cpus = max(1, usable_cpus() // self.spec.replicas)
         try:
-            return cpu_layout(Path(self.spec.model_store) / archive, cpus, self.spec.workers, _spec_workers)
+            return cpu_layout(Path(self.spec.model_store) / archive, cpus, self.spec.workers, self._fewer_workers)
         except ValueError as error:  # not an archive, or handler options every worker would refuse at load
             raise FleetError(str(error)) from None
 

@@ -40,7 +40,7 @@ def held_out(socket_path: Path | str) -> set[str]:
     """The replicas' backend servers set `drain` or `maint` through the admin socket (`show servers state`): `show
     stat` says DOWN for one whose checks fail whatever it was set, and only this tells an operator's drain apart."""
     held = set()
-    for line in haproxy_command(socket_path, f"show servers state {BACKEND}").splitlines():
+    for line in servers_state(socket_path).splitlines():
         fields = line.split()
         if len(fields) > 6 and not line.startswith("#") and int(fields[6]) & (_FORCED_MAINT | _FORCED_DRAIN):
             held.add(fields[3])  # srv_name; srv_admin_state is the seventh column
@@ -65,4 +65,10 @@ def set_server_state(socket_path: Path | str, name: str, state: str) -> None:
 def save_server_states(socket_path: Path | str) -> None:
     """Write HAProxy's `show servers state` to the file its configuration loads at a start (server_state_file),
     whole: an HAProxy killed and started again then has each server as last set."""
-    write_atomically(server_state_file(socket_path), haproxy_command(socket_path, f"show servers state {BACKEND}"))
+    write_atomically(server_state_file(socket_path), servers_state(socket_path))
+
+
+def servers_state(socket_path: Path | str) -> str:
+    """`show servers state` for the replicas' backend: a version line, a header, a line per server (admin state and
+    all), the format HAProxy loads at a start."""
+    return haproxy_command(socket_path, f"show servers state {BACKEND}")

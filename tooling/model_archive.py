@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -43,12 +44,19 @@ def archive_name(archive: Path) -> str:
     return str(manifest_model(archive)["modelName"])
 
 
+def model_config(archive: Path) -> Any:
+    """The archive's model-config.yaml as YAML reads it ({} for an empty one), None for an archive without one."""
+    config_name = manifest_model(archive).get("configFile")
+    if not config_name:
+        return None
+    with zipfile.ZipFile(archive) as mar:
+        return yaml.safe_load(mar.read(config_name)) or {}
+
+
 def handler_options(archive: Path) -> HandlerOptions:
     """The handler options of the archive's model-config.yaml (the defaults where it has none); ValueError for a
     section the handler would refuse at load, NotAnArchive for a file that is not an archive."""
-    config_name = manifest_model(archive).get("configFile")
-    with zipfile.ZipFile(archive) as mar:
-        config = yaml.safe_load(mar.read(config_name)) if config_name else None
+    config = model_config(archive)
     section = config.get("handler") if isinstance(config, dict) else None
     if section is not None and not isinstance(section, dict):
         raise ValueError(f"{archive}: the handler section of its model-config.yaml is not a mapping")
@@ -64,12 +72,8 @@ def archive_response_timeout(archive: Path, default: int) -> int:
     With a model config in the archive TorchServe takes `responseTimeout` from it (default 120) and
     ignores the server's and the snapshot's value; without one the server's default applies.
     """
-    config_name = manifest_model(archive).get("configFile")
-    if not config_name:
-        return default
-    with zipfile.ZipFile(archive) as mar:
-        config = yaml.safe_load(mar.read(config_name)) or {}
-    return int(config.get("responseTimeout", 120))
+    config = model_config(archive)
+    return default if config is None else int(config.get("responseTimeout", 120))
 
 
 def archive_answers(archive: Path) -> tuple[tuple[str, ...], str] | None:
