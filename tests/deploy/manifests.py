@@ -305,13 +305,13 @@ def fake_archive(path: Path, version: str = "1.0") -> Path:
     return path
 
 
-def archive_with_handler_options(path: Path, handler: dict | None) -> Path:
-    """A .mar with its manifest and a model-config.yaml holding `handler` (none at all for None): what the layout
-    reads of an archive."""
+def archive_with_handler_options(path: Path, handler: dict | None, name: str = "bert", version: str = "1.0") -> Path:
+    """A .mar with its manifest (`name`, `version`) and a model-config.yaml holding `handler` (none at all for None):
+    what the layout, and an update's choice of workers, read of an archive."""
     import json
     import zipfile
 
-    model = {"modelName": "bert", "modelVersion": "1.0"}
+    model = {"modelName": name, "modelVersion": version}
     with zipfile.ZipFile(path, "w") as mar:
         if handler is not None:
             model["configFile"] = "model-config.yaml"

@@ -18,6 +18,7 @@ import pytest
 
 from scripts import archive_model
 from scripts import update_model as update_model_command
+from tests.deploy.manifests import archive_with_handler_options
 from tooling import model_update
 from tooling.model_update import UpdateFailed, keep_for_restart, update_bound_s, update_model
 from tooling.torchserve import RunningServer
@@ -31,16 +32,13 @@ MAX_BATCH_DELAY_MS, RESPONSE_TIMEOUT_S = 500, 120
 DROP, REFUSE_KEY = "drop", "refuse key"
 
 
-def write_archive(path: Path, name: str, version: str, config: dict | None = None, handler: dict | None = None) -> Path:
-    """A .mar as far as the update reads one: its manifest, and the checkpoint's config.json and a model-config.yaml
-    with this `handler` section where given."""
-    manifest = {"modelName": name, "modelVersion": version, **({"configFile": "model-config.yaml"} if handler else {})}
+def write_archive(path: Path, name: str, version: str, config: dict | None = None) -> Path:
+    """A .mar as far as the update reads one: its manifest, and the checkpoint's config.json where given (with handler
+    options: tests/deploy/manifests.archive_with_handler_options)."""
     with zipfile.ZipFile(path, "w") as mar:
-        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": manifest}))
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": name, "modelVersion": version}}))
         if config is not None:
             mar.writestr("model/config.json", json.dumps(config))
-        if handler:
-            mar.writestr("model-config.yaml", json.dumps({"handler": handler}))  # JSON is YAML
     return path
 
 
@@ -307,8 +305,8 @@ def test_an_update_to_a_model_that_answers_otherwise_says_so_and_goes_on(fake, t
 def update_with_threads(fake: FakeTorchServe, tmp_path: Path, old: int, new: int, cpus: int) -> tuple[int, list[str]]:
     """sentiment 1.0 (cpu_threads `old`, fake.workers workers) updated to 2.0 (cpu_threads `new`) on `cpus` CPUs: the
     workers 2.0 was registered with, and the notes and warnings said."""
-    write_archive(fake.store / f"{MODEL}.mar", MODEL, "1.0", handler={"cpu_threads": old})
-    write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0", handler={"cpu_threads": new})
+    archive_with_handler_options(fake.store / f"{MODEL}.mar", {"cpu_threads": old}, MODEL, "1.0")
+    archive_with_handler_options(fake.store / f"{MODEL}-2.0.mar", {"cpu_threads": new}, MODEL, "2.0")
     said: list[str] = []
     server = running(fake, key_file(tmp_path, 3600))
     update_model(server, MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, grace_s=0, say=said.append, cpus=cpus)
@@ -355,9 +353,9 @@ def test_a_count_chosen_otherwise_is_kept_and_warned_of_where_its_threads_outnum
 def test_workers_whose_old_archive_is_gone_are_kept(fake, tmp_path):
     """1.0's archive no longer in the store: whether its count was serve.sh's cannot be told, so it is kept."""
     fake.workers = 4
-    write_archive(fake.store / "gone.mar", MODEL, "1.0", handler={"cpu_threads": 1})
+    archive_with_handler_options(fake.store / "gone.mar", {"cpu_threads": 1}, MODEL, "1.0")
     fake.versions = {"1.0": "gone.mar"}
-    write_archive(fake.store / f"{MODEL}-2.0.mar", MODEL, "2.0", handler={"cpu_threads": 1})
+    archive_with_handler_options(fake.store / f"{MODEL}-2.0.mar", {"cpu_threads": 1}, MODEL, "2.0")
     (fake.store / "gone.mar").unlink()
     update_model(running(fake, key_file(tmp_path, 3600)), MODEL, f"{MODEL}-2.0.mar", "2.0", PROBE, grace_s=0,
                  say=lambda _: None, cpus=8)  # fmt: skip
