@@ -41,7 +41,15 @@ from tooling.cli_arguments import existing_file, non_negative_float, non_negativ
 from tooling.cpu_layout import Layout
 from tooling.fleet import DEFAULT_ROOT, FRONT, SURGE, WATCHERS, Fleet, ended_processes, read_state, stop_fleet
 from tooling.fleet_config import FleetError, FleetSpec
-from tooling.fleet_roll import named_replica, restart, restart_watcher, roll, roll_running, roll_stopped
+from tooling.fleet_roll import (
+    holding,
+    named_replica,
+    restart,
+    restart_watcher,
+    roll,
+    roll_running,
+    roll_stopped,
+)
 from tooling.haproxy_admin import haproxy_servers, is_down, set_server_state
 from tooling.latency_budget import DEFAULT_BUDGET_MS
 from tooling.paths import MODEL_STORE, REVIEW
@@ -368,7 +376,7 @@ def heal_once(args: argparse.Namespace, quiet: bool = False, failures: dict[str,
 def down(args: argparse.Namespace) -> int:
     with roll_stopped(args.root / "fleet") as rolling:
         if rolling is not None:
-            print(f"==> stopped the roll in progress (pid {rolling['pid']}), as it stood: nothing rolled back")
+            print(f"==> stopped {holding(rolling)}, as it stood: nothing rolled back")
         stopped = stop_fleet(args.root)
     print("==> stopped " + (", ".join(stopped) if stopped else f"nothing (no fleet was running under {args.root})"))
     return 0

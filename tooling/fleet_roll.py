@@ -78,15 +78,16 @@ class Step:
 
 
 @contextlib.contextmanager
-def only_roll(fleet_dir: Path) -> Iterator[None]:
-    """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation."""
+def only_roll(fleet_dir: Path, doing: str = "a roll") -> Iterator[None]:
+    """Hold the fleet's roll lock: a second roll at once would take a second replica out of rotation.
+    `doing` names the work for whoever finds the lock held ("the restart of r1"): `down`, a refused command."""
     # "a+", not "w": opening must not empty the record of a roll that holds the lock.
     with open(fleet_dir / ROLL_LOCK, "a+") as lock:
         if not _locked(lock):
-            raise FleetError("another roll of this fleet is running: wait for it to end")
+            raise FleetError(f"{_holding(lock)} holds this fleet: wait for it to end")
         # Who rolls, for `down` (roll_stopped): it stops a roll before it stops the fleet.
         lock.truncate(0)
-        lock.write(json.dumps(process_record(os.getpid())))
+        lock.write(json.dumps({**process_record(os.getpid()), "doing": doing}))
         lock.flush()
         try:
             yield
@@ -125,7 +126,7 @@ def roll_stopped(fleet_dir: Path, timeout: float = 30.0) -> Iterator[dict | None
                     holder = json.loads(lock.read()) or None
             now = time.monotonic()
             if now > deadline:
-                raise FleetError(f"a roll of this fleet ({holder}) did not stop within {timeout:.0f}s: nothing stopped")
+                raise FleetError(f"{holding(holder)} did not stop within {timeout:.0f}s: nothing stopped")
             if holder is not None and int(holder["pid"]) == os.getpid():
                 raise FleetError("this process holds the roll lock: it cannot stop its own roll")
             process = holder_running()
@@ -144,6 +145,21 @@ def roll_running(fleet_dir: Path) -> bool:
     """Whether a roll, a restart or `down` holds the fleet's roll lock at this moment."""
     with open(fleet_dir / ROLL_LOCK, "a+") as lock:
         return not _locked(lock)  # taken here, it is let go as the file closes
+
+
+def holding(record: dict | None) -> str:
+    """What the lock's holder does, from its record: "the restart of r1 (pid 4729)"."""
+    if not record:  # `down` writes none; a record is empty the moment a roll takes the lock
+        return "another roll, restart or `down` of this fleet"
+    return f"{record.get('doing', 'a roll')} (pid {record['pid']})"
+
+
+def _holding(lock: IO[str]) -> str:
+    lock.seek(0)
+    try:
+        return holding(json.loads(lock.read()))
+    except (ValueError, KeyError, TypeError):  # half written
+        return holding(None)
 
 
 def _locked(lock: IO[str]) -> bool:
@@ -291,7 +307,7 @@ def restart(
     FleetError before anything is touched for the surge slot, a replica the fleet has not, an archive file
     changed since the replica loaded it, or a restart that would leave no replica in rotation; FleetError
     naming the replica's log when it cannot load or answer (it stays out of rotation: nothing to go back to)."""
-    with only_roll(fleet.dir):  # a roll moving replicas meanwhile could take a second one out
+    with only_roll(fleet.dir, f"the restart of {name}"):  # a roll moving replicas meanwhile could take a second one out
         check_current(fleet)
         replica = replica_to_restart(fleet, name)
         say(f"==> {name}: drain, restart on {replica.archive}, probe, back in rotation")
@@ -314,7 +330,7 @@ def restart_watcher(fleet: Fleet, name: str, say: Callable[[str], None] = print)
     """Start the fleet's HAProxy (FRONT) or Prometheus again once it has ended (Fleet.restart_haproxy,
     Fleet.restart_prometheus), under the roll lock: a roll sets its servers' states through HAProxy and asks
     Prometheus what it scrapes."""
-    with only_roll(fleet.dir):
+    with only_roll(fleet.dir, f"the restart of {'HAProxy' if name == FRONT else 'Prometheus'}"):
         if name == FRONT:
             fleet.restart_haproxy()
             say(f"==> HAProxy runs again on {fleet.front_url} (pid {fleet.haproxy.pid}), each replica as last set "
@@ -378,7 +394,7 @@ def roll(
     SystemExit) is not rolled back: it says where. The surge replica is stopped however the roll ends,
     but for an abort: the next roll, or `down`, stops it then.
     """
-    with only_roll(fleet.dir):
+    with only_roll(fleet.dir, "the rolling restart" if every else f"the roll onto {archive}"):
         check_current(fleet)
         moving = replicas_to_move(fleet, archive, every)
         stamp = file_stamp(fleet.spec.model_store / archive)

@@ -301,7 +301,7 @@ def test_the_fleet_command_starts_a_working_fleet_and_down_leaves_nothing(
     finally:
         rolling.kill()  # what this test started, if down did not stop it
         rolling.wait()
-    assert f"stopped the roll in progress (pid {rolling.pid})" in stopped.stdout, stopped.stdout
+    assert f"stopped the roll onto {next_archive} (pid {rolling.pid})" in stopped.stdout, stopped.stdout
     assert not _running_from(root / "fleet"), "a replica, the surge, HAProxy or Prometheus outlived down"
     ready = next(line for line in started.stdout.splitlines() if line.startswith("Ready:"))
     print(f"\nCLI fleet: {ready}\n{stopped.stdout.strip()}")

@@ -414,8 +414,8 @@ def test_a_port_another_process_listens_on_is_taken_and_a_free_one_is_not(tmp_pa
 
 
 def test_only_one_roll_at_a_time(tmp_path):
-    with only_roll(tmp_path):
-        refused = pytest.raises(FleetError, match="another roll of this fleet is running")
+    with only_roll(tmp_path, "the roll onto new.mar"):
+        refused = pytest.raises(FleetError, match=rf"^the roll onto new\.mar \(pid {os.getpid()}\) holds this fleet")
         with refused, only_roll(tmp_path):
             pass
     with only_roll(tmp_path):  # released with the first
@@ -428,8 +428,9 @@ def test_a_roll_lock_names_its_holder_while_held_and_no_one_once_let_go(tmp_path
     from tooling.fleet_roll import ROLL_LOCK, roll_running
 
     assert not roll_running(tmp_path)
-    with only_roll(tmp_path):
-        assert json.loads((tmp_path / ROLL_LOCK).read_text())["pid"] == os.getpid()
+    with only_roll(tmp_path, "the restart of r1"):
+        record = json.loads((tmp_path / ROLL_LOCK).read_text())
+        assert (record["pid"], record["doing"]) == (os.getpid(), "the restart of r1")
         assert roll_running(tmp_path)
     assert (tmp_path / ROLL_LOCK).read_text() == "" and not roll_running(tmp_path)
     with pytest.raises(RuntimeError), only_roll(tmp_path):
@@ -493,7 +494,7 @@ def _stand_in_roll(fleet_dir, handlers: str) -> Iterator[subprocess.Popen]:
         "from pathlib import Path\n"
         "from tooling.fleet_roll import only_roll\n"
         f"{handlers}\n"
-        "with only_roll(Path(sys.argv[1])):\n"
+        "with only_roll(Path(sys.argv[1]), 'the restart of r1'):\n"
         "    print('rolling', flush=True)\n"
         "    time.sleep(60)\n"
     )
@@ -510,21 +511,26 @@ def _stand_in_roll(fleet_dir, handlers: str) -> Iterator[subprocess.Popen]:
 def test_down_stops_a_roll_in_progress_as_a_second_interrupt_does_and_holds_the_lock_meanwhile(tmp_path):
     """`down` (roll_stopped) aborts the roll's process through the roll's own signal handlers, then holds the
     lock: no roll starts while the fleet goes down."""
-    from tooling.fleet_roll import roll_stopped
+    from tooling.fleet_roll import holding, roll_stopped
     from tooling.processes import has_ended
 
     # It goes on for a while after it lets the lock go, as a roll's restart thread can: down waits for its end.
     lingers = "import atexit\natexit.register(time.sleep, 1.5)"
     handlers = f"from scripts.fleet import stop_on_signals\nstop_on_signals(threading.Event())\n{lingers}"
     with _stand_in_roll(tmp_path, handlers) as rolling:
-        with pytest.raises(FleetError), only_roll(tmp_path):  # a second roll, refused, leaves the record whole
+        # A second roll, refused, names the one that holds the fleet and leaves its record whole.
+        refused = pytest.raises(FleetError, match=rf"^the restart of r1 \(pid {rolling.pid}\) holds this fleet")
+        with refused, only_roll(tmp_path):
             pass
         with roll_stopped(tmp_path, timeout=30) as holder:
             assert has_ended(psutil.Process(rolling.pid)), "down went on while the roll's process still ran"
-            assert holder is not None and holder["pid"] == rolling.pid
+            assert holder is not None and holding(holder) == f"the restart of r1 (pid {rolling.pid})"  # `down` says
             assert rolling.wait(timeout=5) == 128 + 15  # aborted by the second SIGTERM, as `roll` exits then
             assert "finishing the replica in hand" in rolling.stdout.read()  # the first was heard
-            with pytest.raises(FleetError, match="another roll of this fleet is running"), only_roll(tmp_path):
+            with (
+                pytest.raises(FleetError, match=r"another roll, restart or `down` of this fleet holds"),
+                only_roll(tmp_path),
+            ):
                 pass
     with roll_stopped(tmp_path) as holder:  # no roll now
         assert holder is None
@@ -679,7 +685,7 @@ def test_restart_refuses_what_it_cannot_do_safely_before_touching_anything(fleet
     with pytest.raises(FleetError, match="r1 was started before archives were stamped"):
         restart(stand_in, "r1", b"probe")
     assert stand_in.restarts == [] and stand_in.states == {"r0": "UP", "r1": "DOWN", SURGE: "MAINT"}
-    with only_roll(stand_in.dir), pytest.raises(FleetError, match="another roll of this fleet is running"):
+    with only_roll(stand_in.dir), pytest.raises(FleetError, match=r"^a roll \(pid \d+\) holds this fleet"):
         restart(stand_in, "r1", b"probe")
 
 
@@ -850,7 +856,7 @@ def test_heal_every_few_seconds_brings_a_killed_front_back_says_only_that_and_en
         assert (answer.status_code, answer.headers.get("X-Replica")) == (200, "r0"), answer.text
         stopped = fleet_command(fronted.root, "down")
         assert stopped.returncode == 0 and "haproxy (pid" in stopped.stdout, stopped
-        assert "roll in progress" not in stopped.stdout, stopped.stdout  # the heal holds nothing between rounds
+        assert "as it stood" not in stopped.stdout, stopped.stdout  # the heal holds nothing between rounds
         healer.wait(timeout=30)
         reader.join(timeout=10)
     finally:
