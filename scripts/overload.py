@@ -8,7 +8,8 @@ handlers) served by private TorchServes at the landed layout (batch 8, 2 ms, one
 First its saturation is measured (closed loop, 32 clients, in rounds until two agree within 10 %);
 then each setup (tooling/bench/overload.py: today's queue of 100, each latency budget's queue and
 batch size from that saturation with and without client deadlines, and each budget's queue and
-batch as scripts/serve.sh ships them, from the throughput tooling/latency_budget.py ships) takes
+batch as scripts/serve.sh ships them for the archive, from its layout of it (scripts/cpu_layout.py) and the
+throughput tooling/latency_budget.py ships) takes
 open-loop arrivals (constant and Poisson) at each multiple of it, each client giving up after its
 timeout. Each cell's arrivals run for --warmup-s and then the --seconds of its window: the client's
 figures count the requests scheduled in the window (tooling/bench/openloop.py). Per cell it also
@@ -52,6 +53,7 @@ from tooling.cli_arguments import (
     positive_float,
     positive_int,
 )
+from tooling.cpu_layout import Layout, cpu_layout
 from tooling.latency_budget import DEFAULT_BUDGET_MS, machine_throughput
 from tooling.paths import MODEL_STORE, REPO
 from tooling.termination import exit_on_sigterm
@@ -67,10 +69,11 @@ def budgets_or_none(value: str) -> list[int]:
     return list_of(positive_int)(value) if value else []
 
 
-def host_cpus() -> int:
-    """The CPUs scripts/serve.sh counts on a CPU host (scripts/cpu_layout.py: the affinity, capped by a cgroup's CPU
-    quota) and passes as --units, and as --workers for the demo archive's one thread per worker."""
-    return usable_cpus()
+def serve_sh_layout(archive: Path) -> Layout:
+    """What scripts/serve.sh starts for `archive` on this host's CPUs (scripts/cpu_layout.py): its CPUs (the affinity,
+    capped by a cgroup's CPU quota), passed as --units, and its workers: one a CPU for the demo archive's one thread,
+    fewer for an archive whose workers take more threads."""
+    return cpu_layout(archive, usable_cpus())
 
 
 def unpack(archive: Path, into: Path) -> tuple[Path, Path]:
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         store = workdir / "store"
         pack_archive(model_dir, MODEL, store, options)
         texts = build_corpus(200)
-        host_cores = host_cpus()
+        shipped_layout = serve_sh_layout(args.archive)
         cells: list[dict] = []
         saturation = workers = 0
         saturation_after: dict = {}
@@ -267,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                     progress(f"saturation: {saturation:.1f} req/s ({SATURATION_CLIENTS} clients, closed loop); "
                              f"CPU cores: workers {saturation_cpu['workers']:.2f}, "
                              f"frontend {saturation_cpu['frontend']:.2f}")  # fmt: skip
-                    if workers != host_cores:
-                        progress(f"note: {workers} workers, where scripts/serve.sh would start {host_cores} (one a "
-                                 "CPU): the shipped setups' queues are derived for serve.sh's count")  # fmt: skip
+                    if workers != shipped_layout.workers:
+                        progress(f"note: {workers} workers, where scripts/serve.sh would start "
+                                 f"{shipped_layout.workers}: the shipped setups' queues are derived for serve.sh's "
+                                 "count")  # fmt: skip
                     plan += setups(saturation, budgets, workers, BATCH_SIZE, args.budget_batch_sizes,
-                                   shipped_budgets, units=host_cores)[1:]  # fmt: skip
+                                   shipped_budgets, shipped_layout)[1:]  # fmt: skip
                 cells += run_setup(server, MODEL, setup, texts, saturation, args.multiples, args.timeouts,
                                    args.seconds, DEFAULT_BUDGET_MS, progress, args.warmup_s)  # fmt: skip
             finally:
@@ -303,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         # What scripts/serve.sh passes scripts/latency_budget.py on this host (the "as serve.sh ships" setups).
         "shipped": {
             "device": "cpu",
-            "units": host_cores,
-            "workers": host_cores,
+            "units": shipped_layout.cpus,
+            "workers": shipped_layout.workers,
             "batch_size": BATCH_SIZE,
-            "throughput_rps": machine_throughput("cpu", host_cores),
+            "throughput_rps": machine_throughput("cpu", shipped_layout.cpus),
             "budgets_ms": shipped_budgets,
         },
         "cells": cells,

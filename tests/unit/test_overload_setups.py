@@ -6,9 +6,11 @@ import re
 
 import pytest
 
+from handlers.cpu_quota import usable_cpus
 from scripts import latency_budget, overload
 from tooling.bench.overload import TODAY_QUEUE, cells_for, setups, shipped_setup, work_figures
 from tooling.bench.overload_report import evaluate, legend, table, targets_table
+from tooling.cpu_layout import Layout
 from tooling.latency_budget import admission, queue_size
 from tooling.paths import REPO
 
@@ -94,23 +96,24 @@ def test_the_table_shows_where_the_cpu_went_and_the_goodput_per_worker_core_agai
 # ---- what the shipped defaults do: the setups derived as scripts/serve.sh derives them ---------------------------
 
 
-@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize(("cores", "workers"), [(2, 2), (4, 4), (4, 1)])  # one a CPU (the demo), one of every CPU
 @pytest.mark.parametrize("budget", [300, 1000, 2000])
-def test_the_shipped_setup_is_the_queue_and_batch_serve_sh_registers_on_a_cpu_host(capsys, cores, budget):
+def test_the_shipped_setup_is_the_queue_and_batch_serve_sh_registers_on_a_cpu_host(capsys, cores, workers, budget):
     # What serve.sh evaluates on a CPU host of `cores` cores with LATENCY_BUDGET_MS=budget and no THROUGHPUT_RPS.
-    assert latency_budget.main(["--device", "cpu", "--units", str(cores), "--workers", str(cores),
+    assert latency_budget.main(["--device", "cpu", "--units", str(cores), "--workers", str(workers),
                                 "--batch-size", "8", "--budget-ms", str(budget)]) == 0  # fmt: skip
     printed = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
-    shipped = shipped_setup(budget, cores, overload.BATCH_SIZE)
+    shipped = shipped_setup(budget, cores, workers, overload.BATCH_SIZE)
     assert (shipped.job_queue_size, shipped.batch_size) == (int(printed["JOB_QUEUE_SIZE"]), int(printed["BATCH_SIZE"]))
     assert shipped.throughput_rps == float(printed["THROUGHPUT_RPS"]) and shipped.budget_ms == budget
     assert shipped.label == f"budget {budget} ms, as serve.sh ships" and shipped.shipped and not shipped.comparison
 
 
 def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pass(tmp_path):
-    """A tripwire: the shipped setups pass --device cpu --units CPUS --workers CPUS --batch-size 8 and no
-    --throughput-rps, as serve.sh does on CPU for the demo archive (one thread per worker: as many workers as CPUs,
-    the CPUs its units); if serve.sh changes that, tooling/bench/overload.py must follow."""
+    """A tripwire: the shipped setups pass --device cpu --units CPUS --workers WORKERS --batch-size 8 and no
+    --throughput-rps, CPUS and WORKERS serve.sh's layout of the archive (scripts/cpu_layout.py: one worker a CPU for
+    the demo archive's one thread, one for an archive whose workers take every CPU), as serve.sh does on CPU; if
+    serve.sh changes that, tooling/bench/overload.py must follow."""
     from tests.deploy.manifests import archive_with_handler_options
     from tooling.cpu_layout import cpu_layout
 
@@ -125,18 +128,26 @@ def test_serve_sh_still_derives_its_queue_from_the_inputs_the_shipped_setups_pas
     assert '--device "$DEVICE" --units "$UNITS" --workers "$WORKERS"' in call.group(1)
     assert '--batch-size "$BATCH_SIZE"' in call.group(1)
     assert "${THROUGHPUT_RPS:+--throughput-rps" in call.group(1)  # only when the operator sets it
-    assert overload.BATCH_SIZE == 8 and overload.host_cpus() >= 1
+    assert overload.BATCH_SIZE == 8
+    # The benchmark takes serve.sh's layout for the archive it serves, whatever its cpu_threads.
+    every_cpu = archive_with_handler_options(tmp_path / "every-cpu.mar", {"cpu_threads": 0})
+    cpus = usable_cpus()
+    for archive, workers in ((demo, cpus), (every_cpu, 1)):
+        layout = overload.serve_sh_layout(archive)
+        assert (layout.cpus, layout.workers) == (cpus, workers), archive.name
 
 
 def test_each_budget_is_also_run_as_serve_sh_ships_it_with_deadlines_and_judged():
-    plan = setups(144.0, [300, 1000, 2000], workers=2, batch_size=8, shipped_budgets_ms=[300, 1000, 2000], units=2)
+    shipped_layout = Layout(cpus=2, workers=1, threads=2, busy=2)  # an archive of every CPU: one worker of two
+    plan = setups(144.0, [300, 1000, 2000], 2, 8, shipped_budgets_ms=[300, 1000, 2000], shipped_layout=shipped_layout)
     labels = [s.label for s in plan]
     shipped_after_each = [f"budget {b} ms{suffix}" for b in (300, 1000, 2000) for suffix in ("", ", as serve.sh ships")]
     assert labels == ["today", *shipped_after_each]
     by_label = {s.label: s for s in plan}
     # The measured setups from the saturation measured here, the shipped ones from 90 req/s per core.
     assert by_label["budget 1000 ms"].job_queue_size == admission(1000, 144.0, 2, 8).job_queue_size
-    assert by_label["budget 1000 ms, as serve.sh ships"].job_queue_size == admission(1000, 180.0, 2, 8).job_queue_size
+    assert by_label["budget 1000 ms, as serve.sh ships"].job_queue_size == admission(1000, 180.0, 1, 8).job_queue_size
+    assert admission(1000, 180.0, 1, 8).job_queue_size != admission(1000, 180.0, 2, 8).job_queue_size
     assert by_label["budget 1000 ms"].throughput_rps == 144.0
     assert by_label["budget 1000 ms, as serve.sh ships"].throughput_rps == 180.0
     shipped = by_label["budget 1000 ms, as serve.sh ships"]

@@ -31,6 +31,7 @@ from tooling.bench.openloop import ARRIVALS, open_loop
 from tooling.bench.overload_report import latency
 from tooling.bench.scrape import HANDLER_MODEL_LABEL, read_until_still
 from tooling.bench.server_cpu import server_cpu_cores
+from tooling.cpu_layout import Layout
 from tooling.prometheus import metric_value
 
 # The queue config.properties held before the latency budget: the "today" setup.
@@ -112,26 +113,27 @@ def work_figures(summary: dict, handed: float, refused_by_handler: float) -> dic
     }
 
 
-def shipped_setup(budget_ms: int, units: int, batch_size: int) -> Setup:
-    """The queue and batch scripts/serve.sh gives a CPU host of `units` cores at this budget, derived as it derives
-    them: scripts/latency_budget.py with serve.sh's inputs on CPU (--device cpu --units CPUS --workers CPUS
-    --batch-size 8, no THROUGHPUT_RPS), so from the throughput tooling/latency_budget.py ships per core, not from
-    the saturation measured in this run."""
+def shipped_setup(budget_ms: int, units: int, workers: int, batch_size: int) -> Setup:
+    """The queue and batch scripts/serve.sh gives a CPU host at this budget, derived as it derives them:
+    scripts/latency_budget.py with serve.sh's inputs on CPU (--device cpu --units CPUS --workers WORKERS
+    --batch-size 8, no THROUGHPUT_RPS; `units` and `workers` its layout of the archive, scripts/cpu_layout.py), so
+    from the throughput tooling/latency_budget.py ships per core, not from the saturation measured in this run."""
     from tooling.latency_budget import admission, machine_throughput
 
     throughput = machine_throughput("cpu", units)
-    given = admission(budget_ms, throughput, units, batch_size)
+    given = admission(budget_ms, throughput, workers, batch_size)
     label = f"budget {budget_ms} ms, as serve.sh ships"
     return Setup(label, given.job_queue_size, budget_ms, given.batch_size, shipped=True, throughput_rps=throughput)
 
 
 def setups(
     saturation_rps: float, budgets_ms: Sequence[int], workers: int, batch_size: int, batch_sizes: Sequence[int] = (),
-    shipped_budgets_ms: Sequence[int] = (), units: int | None = None,
+    shipped_budgets_ms: Sequence[int] = (), shipped_layout: Layout | None = None,
 ) -> list[Setup]:  # fmt: skip
     """Today's setup, then one per budget with the batch size and queue the budget gives (tooling/latency_budget.py),
     again at each of `batch_sizes` (a comparison: the same budget's queue for that batch size), and, for each of
-    `shipped_budgets_ms`, as scripts/serve.sh ships it on a host of `units` cores (shipped_setup)."""
+    `shipped_budgets_ms`, as scripts/serve.sh ships it with `shipped_layout`, its layout of the archive on this
+    host's CPUs (shipped_setup)."""
     from tooling.latency_budget import admission, queue_size
 
     derived = []
@@ -145,9 +147,9 @@ def setups(
             derived.append(Setup(f"budget {budget} ms, batch {size}", queue, budget, size, comparison=True,
                                  throughput_rps=saturation_rps))  # fmt: skip
         if budget in shipped_budgets_ms:
-            if units is None:
-                raise ValueError("the shipped setups need the host's core count (units)")
-            derived.append(shipped_setup(budget, units, batch_size))
+            if shipped_layout is None:
+                raise ValueError("the shipped setups need serve.sh's layout of the archive (shipped_layout)")
+            derived.append(shipped_setup(budget, shipped_layout.cpus, shipped_layout.workers, batch_size))
     return [Setup("today", TODAY_QUEUE, None, batch_size), *derived]
 
 
