@@ -40,8 +40,9 @@ from handlers.rejection import Rejection
 TEXT_FIELD = "text"
 RAW_BODY = "body"  # the parameter TorchServe's frontend puts an HTTP request's body in when it is not a form
 # Which parameter carries the text, by how the request came. A form's or gRPC input map's fields: `text` (what the
-# JSON format calls it) before `data` (TorchServe's own convention). Over HTTP, query parameters arrive as
-# parameters too: the body comes first, and in a form a field or query parameter named `body` is not a payload.
+# JSON format calls it) before `data` (TorchServe's own convention). TorchServe 0.12 drops the query parameters of
+# /predictions/NAME (and the KServe routes): should one arrive, the body comes first, and in a form a field named
+# `body` is not a payload. /invocations and /NAME/predict hand them over, with no route header: read as gRPC's map.
 RAW_BODY_KEYS = (RAW_BODY, TEXT_FIELD, "data")
 FORM_KEYS = (TEXT_FIELD, "data")
 GRPC_KEYS = (TEXT_FIELD, "data", RAW_BODY)

@@ -136,9 +136,10 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
         assert umask_of(java.pid) == "0077"
         assert not [name for name in IGNORED_VARIABLES if name in java.environ()]
         url = f"{server.inference_url}/predictions/{MODEL}"
-        form = {"Content-Type": "application/x-www-form-urlencoded"}
-        queried = requests.post(url, params={"text": MARKER}, data=b"", headers=form, timeout=60)
-        assert queried.status_code in (200, 400), queried.text  # the handler's answer, or its refusal
+        # A text in a query string, which /invocations hands to the handler: classified, and in no log line.
+        invoked = {"model_name": MODEL, "text": MARKER}
+        queried = requests.post(f"{server.inference_url}/invocations", params=invoked, timeout=60)
+        assert queried.status_code == 200 and queried.json()["label"], queried.text
         admitted_before = metric_value(server.metrics_text(), "ts_inference_requests_total", model_name=MODEL)
         # The workers are frozen (SIGSTOP) while the load is admitted and let go just after the SIGTERM: every request
         # is in flight or queued when the signal comes, however slowly this machine gets there. Timed alone, a test
@@ -182,8 +183,8 @@ def test_sigterm_under_load_answers_every_admitted_request(layout):
     assert code == 0, output[-3000:]
     assert "drained: every admitted request is answered" in output
     # The image's logging: everything on standard output (the access log included), no file written; the query
-    # string of a request redacted (TorchServe hands every query parameter to the handler as an input).
+    # string of a request redacted (on /invocations TorchServe hands every query parameter to the handler).
     assert "ACCESS_LOG" in output and "/predictions/" in output
-    assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {queried.status_code}' in output
+    assert '"POST /invocations?<redacted> HTTP/1.1" 200' in output
     assert MARKER not in output
     assert not list((server.workdir / "logs").rglob("*.log*")), "log files written under LOG_LOCATION"

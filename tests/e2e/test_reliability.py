@@ -373,18 +373,22 @@ def test_request_text_never_reaches_the_logs(torchserve, tiny_model_for_logs):
     ]
     statuses = [torchserve.predict(tiny_model_for_logs, body, ct).status_code for body, ct in bodies]
     assert statuses == [200, 200, 400, 400, 400, 413]
-    # In the query string: TorchServe hands every query parameter to the handler as an input, and its access log
-    # line is the whole URI (in access_log.log, ts_log.log and on standard output): log4j2.xml redacts it.
+    # In the query string: on /invocations TorchServe hands every query parameter to the handler as an input (the
+    # text is classified as if it were the body), /predictions/NAME drops them; the access log line is the whole URI
+    # (in access_log.log, ts_log.log and on standard output): log4j2.xml redacts it.
     url = f"{torchserve.inference_url}/predictions/{tiny_model_for_logs}"
     key = torchserve.auth("inference")
     form = {"Content-Type": "application/x-www-form-urlencoded", **key}
+    invoked = {"model_name": tiny_model_for_logs, "text": marker}
     queried = [
         requests.post(url, params={"text": marker}, data=b"", headers=form, timeout=60),
         requests.post(url, params={"text": marker}, data=b"a text", headers={"Content-Type": TEXT, **key}, timeout=60),
+        requests.post(f"{torchserve.inference_url}/invocations", params=invoked, headers=key, timeout=60),
     ]
-    # Answered by the handler, or refused by it (what it makes of a query parameter is its own business).
-    assert [response.status_code in (200, 400) for response in queried] == [True, True], [r.text for r in queried]
-    assert queried[1].status_code == 200 and queried[1].json()["label"]
+    assert [response.status_code for response in queried] == [400, 200, 200], [r.text for r in queried]
+    assert queried[0].json()["type"] == "EmptyText"  # an empty form: the query's text never reached the handler
+    assert queried[1].json() == torchserve.predict(tiny_model_for_logs, "a text", TEXT).json()  # the body's answer
+    assert queried[2].json() == torchserve.predict(tiny_model_for_logs, marker, TEXT).json()  # the query's text's
     logs_caught_up(torchserve, tiny_model_for_logs)  # every line these requests made the server write is written
     logs = list(torchserve.workdir.rglob("*.log"))
     assert logs
@@ -392,6 +396,7 @@ def test_request_text_never_reaches_the_logs(torchserve, tiny_model_for_logs):
         assert marker not in path.read_text(errors="replace"), f"request text leaked into {path.name}"
     access = (torchserve.log_dir / "access_log.log").read_text()
     assert f'"POST /predictions/{tiny_model_for_logs}?<redacted> HTTP/1.1" 200' in access
+    assert '"POST /invocations?<redacted> HTTP/1.1" 200' in access
 
 
 @pytest.fixture

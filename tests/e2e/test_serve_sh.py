@@ -242,16 +242,16 @@ def test_the_server_serve_sh_starts_ignores_the_variables_that_would_replace_its
 
 
 def test_a_text_in_the_query_string_reaches_no_log(served):
-    """TorchServe hands every query parameter to the handler as an input, and its access log names the whole URI."""
+    """On /invocations TorchServe hands every query parameter to the handler as an input (the text is classified),
+    and its access log names the whole URI."""
     key = {"Authorization": f"Bearer {served.keys['inference']}"}
-    form = {"Content-Type": "application/x-www-form-urlencoded", **key}
-    url = f"{served.inference_url}/predictions/{MODEL}"
-    answer = requests.post(url, params={"text": f"a review {MARKER}"}, data=b"", headers=form, timeout=60)
-    assert answer.status_code in (200, 400) and ("label" in answer.json() or "type" in answer.json()), answer.text
+    url = f"{served.inference_url}/invocations"
+    answer = requests.post(url, params={"model_name": MODEL, "text": f"a review {MARKER}"}, headers=key, timeout=60)
+    assert answer.status_code == 200 and answer.json()["label"], answer.text
     logs_caught_up(served, MODEL)  # every line the request made the server write is written (was: a second's sleep)
     logs = {path.name: path.read_text(errors="replace") for path in served.log_dir.rglob("*.log")}
     assert [name for name, text in logs.items() if MARKER in text] == []
-    assert f'"POST /predictions/{MODEL}?<redacted> HTTP/1.1" {answer.status_code}' in logs["access_log.log"]
+    assert '"POST /invocations?<redacted> HTTP/1.1" 200' in logs["access_log.log"]
 
 
 def test_with_bert_device_cpu_no_worker_gets_the_gpu_nvidia_smi_lists(served):

@@ -88,7 +88,7 @@ def test_pre_parsed_json_that_is_not_an_object():
 
 
 def test_payload_of_reads_the_raw_body_first_and_a_form_or_grpc_by_text_then_data():
-    # Over HTTP a body that is not a form is the text, whatever query parameters arrived beside it (?text=...).
+    # On /predictions a body that is not a form is the text, whatever parameter might arrive beside it.
     item, headers = raw_body(b"a")
     assert payload_of({**item, "text": b"t", "data": b"d"}, headers, route_of(headers)) == ("body", b"a")
     # In a form, a field (or query parameter) named `body` is a field like any other: `text`, else `data`.

@@ -27,9 +27,9 @@ def settle(body):
 
 
 def test_the_route_read_from_the_headers_decides_which_parameter_is_the_text():
-    # POST /predictions/bert?text=b with the body "a": TorchServe hands the query parameter over beside the body.
-    # read_request reads the route once and the decoding follows it: over HTTP the body is the text; the same
-    # parameters in a gRPC input map are read by name, `text` first.
+    # A `text` parameter beside the body "a" (TorchServe 0.12 drops /predictions/NAME's query parameters, but should
+    # one arrive): read_request reads the route once and the decoding follows it: on /predictions the body is the
+    # text; the same parameters in a gRPC input map (or /invocations?text=b, which has no route header) by name.
     item, headers = raw_body(b"a", "text/plain")
     assert read_request({**item, "text": b"b"}, headers, 1000, 64).instances == ("a",)
     assert read_request(*grpc({"body": b"a", "text": b"b"}), 1000, 64).instances == ("b",)
