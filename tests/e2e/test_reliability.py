@@ -384,8 +384,25 @@ def test_request_text_never_reaches_the_logs(torchserve, tiny_model_for_logs):
         requests.post(url, params={"text": marker}, data=b"", headers=form, timeout=60),
         requests.post(url, params={"text": marker}, data=b"a text", headers={"Content-Type": TEXT, **key}, timeout=60),
         requests.post(f"{torchserve.inference_url}/invocations", params=invoked, headers=key, timeout=60),
+        requests.post(  # the route docs/calling.md shows: the model in the query string, the text the body
+            f"{torchserve.inference_url}/invocations",
+            params={"model_name": tiny_model_for_logs},
+            data=b"a text",
+            headers={"Content-Type": TEXT, **key},
+            timeout=60,
+        ),
+        # ... and beside a body, that route's `text` parameter is the text (read as gRPC's input map).
+        requests.post(
+            f"{torchserve.inference_url}/invocations",
+            params=invoked,
+            data=b"a text",
+            headers={"Content-Type": TEXT, **key},
+            timeout=60,
+        ),
     ]
-    assert [response.status_code for response in queried] == [400, 200, 200], [r.text for r in queried]
+    assert [response.status_code for response in queried] == [400, 200, 200, 200, 200], [r.text for r in queried]
+    assert queried[1].json() != queried[2].json()  # the two texts are told apart, so the next line says which was read
+    assert queried[3].json() == queried[1].json() and queried[4].json() == queried[2].json()
     assert queried[0].json()["type"] == "EmptyText"  # an empty form: the query's text never reached the handler
     assert queried[1].json() == torchserve.predict(tiny_model_for_logs, "a text", TEXT).json()  # the body's answer
     assert queried[2].json() == torchserve.predict(tiny_model_for_logs, marker, TEXT).json()  # the query's text's
