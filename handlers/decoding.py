@@ -117,6 +117,11 @@ def route_of(headers: Mapping[str, Any] | None) -> str:
     return ROUTE_UNKNOWN
 
 
+def asks_for_an_explanation(headers: Mapping[str, Any] | None) -> bool:
+    """Whether the request came on an explanation route: TorchServe's frontend sets `explain` to "True" there."""
+    return (request_header(headers, "explain") or "").strip().lower() == "true"
+
+
 def _payload_keys(headers: Mapping[str, Any] | None, route: str) -> tuple[str, ...]:
     """The parameters that may carry the text, in order, by how the request came (RAW_BODY_KEYS: a raw HTTP body)."""
     if ContentType.parse(request_header(headers, "content-type")).is_form:

@@ -34,6 +34,7 @@ from handlers.decoding import (
     ROUTE_UNKNOWN,
     TEXT_FIELD,
     Document,
+    asks_for_an_explanation,
     decode_request,
     payload_content_type,
     payload_of,
@@ -91,6 +92,9 @@ def read_request(item: Any, headers: Mapping[str, Any] | None, max_bytes: int, m
     well-formed one (a text to classify is never a whole v1/v2 document).
     """
     route = route_of(headers)
+    if asks_for_an_explanation(headers):
+        error = rejection.explanation_not_supported()
+        return ParsedRequest(PREDICTIONS, error=error, kserve_route=route == ROUTE_KSERVE)
     encoding = request_header(headers, "Content-Encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         # TorchServe's frontend has no decompressor: a compressed body would be read as garbled text or JSON.

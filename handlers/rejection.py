@@ -85,6 +85,13 @@ def internal_error() -> Rejection:
     return Rejection(500, "InternalError", "the handler failed on this item")
 
 
+def explanation_not_supported() -> Rejection:
+    """An explanation route (/explanations/NAME, KServe's :explain and /explain): this handler has no explainer, and a
+    prediction answered there would pass for an explanation."""
+    return Rejection(501, "ExplanationNotSupported", "this model answers predictions, not explanations: call "
+                     "/predictions/NAME, /v1/models/NAME:predict or /v2/models/NAME/infer")  # fmt: skip
+
+
 # ---- overload (handlers/deadline.py) --------------------------------------------------------------
 
 

@@ -37,6 +37,13 @@ def routes(model: str) -> dict[str, str]:
     return {"v1": f"/v1/models/{model}:predict", "v2": f"/v2/models/{model}/infer", "plain": f"/predictions/{model}"}
 
 
+def explanation_routes(model: str) -> dict[str, str]:
+    return {"v1": f"/v1/models/{model}:explain", "v2": f"/v2/models/{model}/explain", "plain": f"/explanations/{model}"}
+
+
+NOT_EXPLAINED = (501, "ExplanationNotSupported", "answers predictions, not explanations")
+
+
 def alone(server, model: str, texts: list[str]) -> dict[str, dict]:
     """The answer for each text sent alone to /predictions, one request at a time."""
     answers = {}
@@ -80,6 +87,10 @@ def test_concurrent_mixed_protocols_are_answered_instance_by_instance(served):
             _name, body, status, kind_, fragment = MALFORMED[(i // 8) % len(MALFORMED)]
             path = paths["v2"] if "inputs" in body else paths["v1"]
             requests.append((path, body, None, (status, kind_, fragment)))
+        if i % 12 == 5:  # an explanation asked for, on each route in turn: refused alone, its batch answered
+            route = ("plain", "v1", "v2")[(i // 12) % 3]
+            body = {"plain": {"text": texts[0]}, "v1": v1(*texts), "v2": v2(*texts)}[route]
+            requests.append((explanation_routes(model)[route], body, None, NOT_EXPLAINED))
 
     before = _counters(settled_metrics(server, model), model)
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -124,6 +135,19 @@ def test_each_malformed_request_gets_its_4xx(served, name, body, status, kind, f
     code, answer = post(server, path, body)
     assert (code, answer["code"], answer["type"]) == (status, status, kind)
     assert fragment in answer["message"]
+
+
+def test_each_explanation_route_is_refused_501_naming_the_prediction_routes(served):
+    """This handler has no explainer: a prediction answered on an explanation route would pass for an explanation."""
+    server, model = served
+    bodies = {"plain": {"text": "a lovely room"}, "v1": v1("a lovely room"), "v2": v2("a lovely room")}
+    for route, path in explanation_routes(model).items():
+        code, answer = post(server, path, bodies[route])
+        assert (code, answer["code"], answer["type"]) == (501, *NOT_EXPLAINED[:2]), (path, answer)
+        assert "/predictions/NAME, /v1/models/NAME:predict or /v2/models/NAME/infer" in answer["message"]
+        assert answer.get("error") == (answer["message"] if route != "plain" else None), answer  # KServe's field
+        code, answer = post(server, routes(model)[route], bodies[route])  # the same body where it is predicted
+        assert code == 200, (route, answer)
 
 
 def test_a_body_that_is_not_json_on_a_kserve_route(served):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from handlers import rejection
 from handlers.protocols import KSERVE_V1, KSERVE_V2, PREDICTIONS, read_request
 from tests.kserve_cases import v1, v2
 from tests.request_shapes import grpc, raw_body
@@ -62,3 +63,17 @@ def test_a_compressed_body_is_refused_on_every_route_and_an_identity_one_is_read
         assert request.kserve_route == (route is on_kserve_route)  # a KServe client reads its message from `error`
         item, headers = route(raw_body(body, "application/json"))
         assert read_request(item, {**headers, "Content-Encoding": "identity"}, LIMIT, INSTANCES).instances == ("a",)
+
+
+def test_an_explanation_route_is_refused_whole_in_the_form_its_client_reads():
+    """TorchServe's frontend sets `explain` to "True" on /explanations/NAME and KServe's :explain and /explain (and
+    "False" on the prediction routes): this handler has no explainer, so those requests are refused, never predicted."""
+    item, headers = raw_body(json.dumps({"text": "a"}).encode(), "application/json")
+    explained = {**headers, "explain": "True"}
+    plain = read((item, explained))
+    assert (plain.error, plain.kserve_route) == (rejection.explanation_not_supported(), False)
+    body = json.dumps(v1("a")).encode()
+    kserve = read(on_kserve_route((raw_body(body, "application/json")[0], explained)))
+    assert (kserve.error, kserve.kserve_route) == (rejection.explanation_not_supported(), True)
+    assert kserve.error.status == 501 and "not explanations" in kserve.error.message
+    assert read((item, headers)).instances == ("a",)  # "False": predicted
