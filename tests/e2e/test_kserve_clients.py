@@ -148,6 +148,17 @@ def test_torchserve_serves_no_open_inference_health_or_metadata_route(torchserve
     for path in ("/v2/health/live", "/v2/health/ready", f"{model}/ready", model, f"/v1/models/{shared_model}"):
         response = torchserve.session.get(f"{torchserve.inference_url}{path}", headers=torchserve.auth("inference"))
         assert (response.status_code, response.json()["type"]) == (404, "ResourceNotFoundException"), path
+    # Nor a version in the path (tritonclient's model_version=, KServe v1's /versions/): the unversioned routes answer.
+    v2_body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a room"]}]}
+    v1_body = {"instances": ["a room"]}
+    for path, body in (
+        (f"{model}/versions/1.0/infer", v2_body),
+        (f"/v1/models/{shared_model}/versions/1.0:predict", v1_body),
+        (f"{model}/infer", v2_body),
+    ):
+        response = torchserve.post(path, json.dumps(body), "application/json")
+        versioned = "/versions/" in path
+        assert response.status_code == (404 if versioned else 200), (path, response.text)
     client = triton.InferenceServerClient(url=torchserve.inference_url.removeprefix("http://"))
     try:
         headers = torchserve.auth("inference")
