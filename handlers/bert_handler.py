@@ -19,7 +19,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
 from handlers.deadline import PassPace
-from handlers.decoding import ROUTE_KSERVE, route_of
+from handlers.decoding import ROUTE_KSERVE, came_over_grpc, route_of
 from handlers.fault_isolation import is_out_of_memory
 from handlers.frame_reader import install_buffered_frame_reader
 from handlers.handler_metrics import HandlerMetrics
@@ -30,6 +30,9 @@ from handlers.responses import Answer, ModelIdentity, encode_answer, rejection_a
 from handlers.tokenization import encode
 
 logger = logging.getLogger(__name__)
+
+# The response header TorchServe's frontend reads to tell a streamed answer's last part (RequestInput.TS_STREAM_NEXT).
+STREAM_NEXT_HEADER = "ts_stream_next"
 
 
 # TorchServe loads the one class this module defines; helpers live in other modules.
@@ -108,7 +111,10 @@ class BertSequenceClassifierHandler(BaseHandler):
             # Each in its own request's form: on a KServe route the error carries `error`, which its clients read.
             on_kserve = [route_of(item_headers) == ROUTE_KSERVE for item_headers in headers]
             outcome = BatchOutcome([rejection_answer(reason, kserve=kserve) for kserve in on_kserve])
-        bodies = [self._respond(context, index, answer) for index, answer in enumerate(outcome.answers)]
+        bodies = [
+            self._respond(context, index, answer, came_over_grpc(headers[index]))
+            for index, answer in enumerate(outcome.answers)
+        ]
         self.metrics.batch(len(data), outcome.forward_passes, outcome.real_tokens, outcome.padded_tokens)
         for stage, milliseconds in outcome.stage_ms.items():
             self.metrics.stage(stage, milliseconds)
@@ -116,7 +122,7 @@ class BertSequenceClassifierHandler(BaseHandler):
         self.metrics.handler_time(1000 * (time.perf_counter() - started))
         return bodies
 
-    def _respond(self, context, index: int, answer: Answer) -> bytes:
+    def _respond(self, context, index: int, answer: Answer, over_grpc: bool) -> bytes:
         # Encoded here, per item: TorchServe encodes a returned str after handle() returns, outside any guard,
         # and one that cannot be written (a lone surrogate a client sent, a NaN, a value FP32 cannot hold) would
         # kill the worker and every request of the batch. Such an answer becomes this item's 500 (JSON).
@@ -149,6 +155,11 @@ class BertSequenceClassifierHandler(BaseHandler):
         context.set_response_content_type(index, encoded.content_type)
         for name, value in encoded.headers:
             context.set_response_header(index, name, value)
+        if over_grpc:
+            # TorchServe 0.12's GRPCJob.response reads this header of every StreamPredictions answer and throws
+            # without it, dropping the worker and every request of its batch ("Worker died."): this answer is the
+            # stream's last. A Predictions call ignores it; HTTP never sees it (RestJob would stream the reply).
+            context.set_response_header(index, STREAM_NEXT_HEADER, "false")
         return encoded.body
 
 

@@ -117,6 +117,12 @@ def route_of(headers: Mapping[str, Any] | None) -> str:
     return ROUTE_UNKNOWN
 
 
+def came_over_grpc(headers: Mapping[str, Any] | None) -> bool:
+    """Whether the request came through TorchServe's gRPC API: its worker records no HTTP header for it at all, only
+    each input's entry (a mapping), where every HTTP route (/invocations too) has at least Host."""
+    return not any(isinstance(value, str) for value in (headers or {}).values())
+
+
 def asks_for_an_explanation(headers: Mapping[str, Any] | None) -> bool:
     """Whether the request came on an explanation route: TorchServe's frontend sets `explain` to "True" there."""
     return (request_header(headers, "explain") or "").strip().lower() == "true"

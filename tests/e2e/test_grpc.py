@@ -157,3 +157,31 @@ def test_token_authorization_holds_over_grpc(stub, protos, torchserve, model, ke
         stub.Predictions(request, metadata=metadata, timeout=30)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "Token Authorization failed" in refused.value.details()
+
+
+def test_stream_predictions_gets_one_answer_and_leaves_every_worker_and_neighbour_alone(
+    stub, protos, torchserve, model
+):
+    """TorchServe 0.12's GRPCJob.response reads the `ts_stream_next` header of each StreamPredictions answer and threw
+    without it (a NullPointerException): the frontend dropped the worker, and the call and every request of its batch
+    got "Worker died.". The handler marks each gRPC answer the last of its stream: one answer, the stream ends, and
+    the same workers serve on, the Predictions calls batched beside the streams answered as usual."""
+    pids = sorted(worker["pid"] for worker in torchserve.describe(model)[0]["workers"])
+    pb2 = protos["inference_pb2"]
+    texts = [
+        f"stream {i}: the room was {'lovely and quiet' if i % 2 else 'dirty and loud'}".encode() for i in range(12)
+    ]
+
+    def streamed(text: bytes) -> list[dict]:
+        request = pb2.PredictionsRequest(model_name=model, input={"data": text})
+        return [json.loads(reply.prediction) for reply in stub.StreamPredictions(request, metadata=bearer(torchserve))]
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        streams = [pool.submit(streamed, text) for text in texts]
+        calls = [pool.submit(predict, stub, protos, torchserve, {"data": text}, model) for text in texts]
+        streams, calls = [f.result(timeout=60) for f in streams], [f.result(timeout=60) for f in calls]
+    for text, stream, call in zip(texts, streams, calls):
+        assert len(stream) == 1, (text, stream)
+        assert stream[0]["label"] == call["label"], text
+        assert stream[0]["scores"] == pytest.approx(call["scores"], abs=1e-4), text
+    assert sorted(worker["pid"] for worker in torchserve.describe(model)[0]["workers"]) == pids, "a worker was replaced"

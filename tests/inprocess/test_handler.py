@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from handlers.bert_handler import STREAM_NEXT_HEADER
 from tests.answers import assert_same_answer
 from tests.rejection_cases import REJECTED_BODIES
 from tests.support import JSON, TEXT, expected_alone, statuses
@@ -314,7 +315,10 @@ def test_a_binary_answer_that_cannot_be_written_is_that_items_json_500(loaded_ha
     monkeypatch.setattr(module, "answer_batch", outcome)
     out = loaded_handler.handle(set_batch(context, [(b"a", TEXT)] * 3), context)
     assert statuses(context, 3) == [200, 500, 200]
-    headers = [context.get_response_headers(index) for index in range(3)]
+    # Bare handler calls carry no HTTP header, as gRPC's do: their answers are marked the last of a stream, too.
+    headers = [
+        {k: v for k, v in context.get_response_headers(index).items() if k != STREAM_NEXT_HEADER} for index in range(3)
+    ]
     length = int(headers[0]["Inference-Header-Content-Length"])
     assert headers[0] == {"content-type": "application/octet-stream", "Inference-Header-Content-Length": str(length)}
     assert json.loads(out[0][:length])["outputs"][0]["parameters"] == {"binary_data_size": 6}
@@ -344,3 +348,20 @@ def test_the_handler_hands_its_batches_the_workers_pace_which_they_measure(unpac
     bodies = [json.loads(b) for b in handler.handle(data, context)]
     assert statuses(context, 2) == [503, 200], bodies
     assert bodies[0]["type"] == "DeadlineExceeded" and "would end after it" in bodies[0]["message"]
+
+
+def test_each_grpc_answer_is_marked_the_last_of_its_stream_and_no_http_answer_is(loaded_handler, context):
+    """TorchServe 0.12's GRPCJob.response reads `ts_stream_next` on every StreamPredictions answer and, without it,
+    throws: the frontend dropped the worker and every request of its batch. Each gRPC answer, refused ones too, says
+    "false" (the stream's last); an HTTP answer carries none (RestJob would turn its reply into a chunked stream)."""
+    from ts.context import RequestProcessor
+
+    from tests.request_shapes import grpc, raw_body
+
+    shapes = [grpc({"data": b"a quiet room"}), raw_body(b"a quiet room", TEXT), grpc({"data": b""})]
+    set_batch(context, [(b"-", TEXT)] * len(shapes))  # request ids and metrics, as the worker sets them
+    context.request_processor = [RequestProcessor(headers) for _, headers in shapes]  # each request's own headers
+    out = loaded_handler.handle([item for item, _ in shapes], context)
+    assert statuses(context, 3) == [200, 200, 400]
+    assert json.loads(out[0]) == json.loads(out[1])  # the same text, answered alike
+    assert [context.get_response_headers(i).get(STREAM_NEXT_HEADER) for i in range(3)] == ["false", None, "false"]
