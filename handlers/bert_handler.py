@@ -19,14 +19,15 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import rejection
 from handlers.deadline import PassPace
-from handlers.decoding import ROUTE_KSERVE, came_over_grpc, route_of
+from handlers.decoding import ROUTE_KSERVE, asks_to_describe, came_over_grpc, route_of
+from handlers.description import describe
 from handlers.fault_isolation import is_out_of_memory
 from handlers.frame_reader import install_buffered_frame_reader
 from handlers.handler_metrics import HandlerMetrics
 from handlers.loading import LoadedModel, ModelLoadFailed, load_model
 from handlers.options import HandlerOptions
 from handlers.pipeline import BatchOutcome, answer_batch
-from handlers.responses import Answer, ModelIdentity, encode_answer, rejection_answer
+from handlers.responses import JSON_CONTENT, Answer, ModelIdentity, encode_answer, rejection_answer, to_json
 from handlers.tokenization import encode
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class BertSequenceClassifierHandler(BaseHandler):
         """Answer every request of the batch; the returned list always has len(data) entries."""
         started = time.perf_counter()
         headers = [_request_headers(context, index) for index in range(len(data))]
+        # TorchServe sends a describe call alone, a batch of one (Model.pollInferJob), marked by its header.
+        if len(data) == 1 and asks_to_describe(headers[0]):
+            return [self._describe(context)]
         try:
             outcome = answer_batch(data, headers, self.served, self.identity, self.pace)
         except Exception:
@@ -121,6 +125,12 @@ class BertSequenceClassifierHandler(BaseHandler):
         # TorchServe's BaseHandler.handle emits HandlerTime; this handle() replaces it, so it does too.
         self.metrics.handler_time(1000 * (time.perf_counter() - started))
         return bodies
+
+    def _describe(self, context) -> bytes:
+        """A management describe call's answer: the worker's description (handlers/description.py), never a
+        prediction or a rejection, and not counted among the items."""
+        context.set_response_content_type(0, JSON_CONTENT)
+        return to_json(describe(self.served, self.identity)).encode("utf-8")
 
     def _respond(self, context, index: int, answer: Answer, over_grpc: bool) -> bytes:
         # Encoded here, per item: TorchServe encodes a returned str after handle() returns, outside any guard,

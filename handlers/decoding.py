@@ -123,6 +123,11 @@ def came_over_grpc(headers: Mapping[str, Any] | None) -> bool:
     return not any(isinstance(value, str) for value in (headers or {}).values())
 
 
+def asks_to_describe(headers: Mapping[str, Any] | None) -> bool:
+    """Whether the request is a management describe call (?customized=true), which TorchServe marks `describe: True`."""
+    return (request_header(headers, "describe") or "").strip().lower() == "true"
+
+
 def asks_for_an_explanation(headers: Mapping[str, Any] | None) -> bool:
     """Whether the request came on an explanation route: TorchServe's frontend sets `explain` to "True" there."""
     return (request_header(headers, "explain") or "").strip().lower() == "true"

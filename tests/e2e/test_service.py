@@ -255,6 +255,30 @@ def test_handler_metrics_count_exactly_what_happened(torchserve, tiny_model, loa
     assert metric_value(after, "HandlerTime", ModelName=tiny_model) > 0
 
 
+def test_a_management_describe_call_shows_what_a_worker_runs_and_counts_no_item(torchserve, tiny_model, loaded_handler):
+    """GET /models/NAME?customized=true: TorchServe asks a worker (a request of its own, marked `describe: True`) and
+    shows the answer as customizedMetadata. Answered as a prediction it was an empty text: a 400, counted among the
+    rejected items (and so in the alert on their rate) on every describe call."""
+    before = settled_metrics(torchserve, tiny_model)
+    response = requests.get(
+        f"{torchserve.management_url}/models/{tiny_model}",
+        params={"customized": "true"},
+        headers=torchserve.auth("management"),
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    [described] = response.json()
+    metadata = described["customizedMetadata"]
+    served = loaded_handler.served  # the same checkpoint, loaded in-process with the same options
+    assert (metadata["model"], metadata["version"], metadata["backend"]) == (tiny_model, "1.0", served.backend)
+    assert metadata["labels"] == list(served.labels) and metadata["max_length"] == served.max_length
+    assert metadata["runtime"].startswith("PyTorch") and metadata["plan"] == served.planner.description
+    assert metadata["options"]["max_instances"] == served.options.max_instances
+    after = settled_metrics(torchserve, tiny_model)
+    for name in ("bert_items_total", "bert_rejected_items_total", "bert_batches_total"):
+        assert metric_value(after, name, ModelName=tiny_model) == metric_value(before, name, ModelName=tiny_model), name
+
+
 def test_demo_model_labels_reviews_it_has_never_seen(torchserve, demo_checkpoint, make_archive):
     archive = make_archive(demo_checkpoint, "bert")
     assert torchserve.register(archive, batch_size=8, max_batch_delay=5).status_code == 200
