@@ -105,7 +105,11 @@ class BertSequenceClassifierHandler(BaseHandler):
         headers = [_request_headers(context, index) for index in range(len(data))]
         # TorchServe sends a describe call alone, a batch of one (Model.pollInferJob), marked by its header.
         if len(data) == 1 and asks_to_describe(headers[0]):
-            return [self._describe(context)]
+            try:
+                return [self._describe(context)]
+            except Exception:  # handle() never raises: the description is left out, the worker serves on
+                logger.exception("describing %s failed; the describe call gets no customizedMetadata", self.model_name)
+                return [b""]  # what TorchServe reads as no customizedMetadata (RestJob.responseDescribe)
         try:
             outcome = answer_batch(data, headers, self.served, self.identity, self.pace)
         except Exception:

@@ -365,3 +365,29 @@ def test_each_grpc_answer_is_marked_the_last_of_its_stream_and_no_http_answer_is
     assert statuses(context, 3) == [200, 200, 400]
     assert json.loads(out[0]) == json.loads(out[1])  # the same text, answered alike
     assert [context.get_response_headers(i).get(STREAM_NEXT_HEADER) for i in range(3)] == ["false", None, "false"]
+
+
+def test_a_describe_call_gets_the_description_and_one_that_fails_gets_none_never_an_exception(
+    loaded_handler, context, monkeypatch
+):
+    """A management describe call (`describe: True`, alone in its batch) is answered with the worker's description;
+    should describing fail, handle() still answers, with nothing (TorchServe then shows no customizedMetadata)."""
+    from ts.context import RequestProcessor
+
+    import handlers.bert_handler as module
+
+    def describe_call() -> list:
+        set_batch(context, [(b"", None)])
+        context.request_processor = [RequestProcessor({"describe": "True"})]
+        return loaded_handler.handle([{}], context)
+
+    [body] = describe_call()
+    described = json.loads(body)
+    assert described["labels"] == list(loaded_handler.served.labels) and described["backend"] == "pytorch"
+    assert statuses(context, 1) == [200]
+
+    def broken(served, identity):
+        raise RuntimeError("a bug in describing")
+
+    monkeypatch.setattr(module, "describe", broken)
+    assert describe_call() == [b""]
