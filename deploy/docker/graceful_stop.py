@@ -55,7 +55,7 @@ from model_ready import read_properties
 # TorchServe's Requests5XX, so it must leave the frontend's share, DeadlineExceeded (503) included. The
 # recording rule instance:bert_unavailable_per_second (deploy/prometheus/rules.yaml) subtracts all but
 # DeadlineExceeded: it counts that 503 as shed on purpose, and never as "answered by the frontend".
-HANDLER_5XX_REASONS = ("InferenceFailed", "OutOfMemory", "InternalError", "DeadlineExceeded")
+HANDLER_5XX_REASONS = ("InferenceFailed", "OutOfMemory", "InternalError", "ExplanationNotSupported", "DeadlineExceeded")
 DRAIN_MARGIN_S = 5
 DEFAULT_LINGER_S = 5.0
 DEFAULT_STOP_TIMEOUT_S = 20.0
