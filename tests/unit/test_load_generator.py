@@ -389,3 +389,27 @@ def test_poisson_arrivals_span_the_whole_schedule_and_constant_ones_keep_their_c
         times = schedule_for(50, 4.0, "poisson", seed)
         # Drawn until the schedule's end, not for a fixed count: the last arrival is near the end, never past it.
         assert times == sorted(times) and times[-1] < 4.0 and 4.0 - times[-1] < 0.3
+
+
+def test_an_exit_raised_inside_the_parsers_callback_ends_the_load_as_the_signal_meant(monkeypatch):
+    """A signal's handler runs between any two bytecodes, httptools' callbacks' among them, and httptools turns what a
+    callback raises into HttpParserCallbackError: a SIGTERM's exit raised there (tooling/termination.py) must end the
+    load, not pass for an unreadable response. It did pass so: a benchmark stopped by its time limit (SIGTERM) ran on
+    to its end (a fresh clone's tests/e2e/test_benchmark_quick.py, exit 1 with every cell)."""
+    import itertools
+
+    from tooling.bench.http_client import Connection
+    from tooling.termination import Terminated
+
+    complete, answered = Connection.on_message_complete, itertools.count()
+
+    def interrupted(self) -> None:
+        complete(self)
+        if next(answered) == 5:
+            raise Terminated(143)  # where the SIGTERM's handler would raise it, inside httptools' callback
+
+    monkeypatch.setattr(Connection, "on_message_complete", interrupted)
+    started = time.monotonic()
+    with serving(lambda n, body, request: answer_of(body)) as (url, _), pytest.raises(Terminated):
+        run(url, clients=4, seconds=5.0)
+    assert time.monotonic() - started < 4, "the load ran on after the exit"

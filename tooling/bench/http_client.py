@@ -87,6 +87,12 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
+            # httptools turns whatever a callback raised into HttpParserCallbackError, the original as its context.
+            # A signal's handler runs between any two bytecodes, these callbacks' among them: a SIGTERM's exit
+            # (tooling/termination.py) or Ctrl-C raised there must still end the run, not pass for a bad response
+            # (a benchmark stopped by its time limit ran on to its end so).
+            if isinstance(error.__context__, (SystemExit, KeyboardInterrupt)):
+                raise error.__context__ from None
             self._fail(ConnectionClosed(f"unreadable response: {error}"))
             self.close()
 
