@@ -125,12 +125,17 @@ def came_over_grpc(headers: Mapping[str, Any] | None) -> bool:
 
 def asks_to_describe(headers: Mapping[str, Any] | None) -> bool:
     """Whether the request is a management describe call (?customized=true), which TorchServe marks `describe: True`."""
-    return (request_header(headers, "describe") or "").strip().lower() == "true"
+    return _says_true(headers, "describe")
 
 
 def asks_for_an_explanation(headers: Mapping[str, Any] | None) -> bool:
     """Whether the request came on an explanation route: TorchServe's frontend sets `explain` to "True" there."""
-    return (request_header(headers, "explain") or "").strip().lower() == "true"
+    return _says_true(headers, "explain")
+
+
+def _says_true(headers: Mapping[str, Any] | None, name: str) -> bool:
+    """A flag TorchServe's frontend sets as a request header, "True" or "False" (Java's Boolean.toString, any case)."""
+    return (request_header(headers, name) or "").strip().lower() == "true"
 
 
 def _payload_keys(headers: Mapping[str, Any] | None, route: str) -> tuple[str, ...]:

@@ -84,7 +84,7 @@ def only_roll(fleet_dir: Path, doing: str = "a roll") -> Iterator[None]:
     # "a+", not "w": opening must not empty the record of a roll that holds the lock.
     with open(fleet_dir / ROLL_LOCK, "a+") as lock:
         if not _locked(lock):
-            raise FleetError(f"{_holding(lock)} holds this fleet: wait for it to end")
+            raise FleetError(f"{holding(_lock_record(lock))} holds this fleet: wait for it to end")
         # Who rolls, for `down` (roll_stopped): it stops a roll before it stops the fleet.
         lock.truncate(0)
         lock.write(json.dumps({**process_record(os.getpid()), "doing": doing}))
@@ -121,9 +121,7 @@ def roll_stopped(fleet_dir: Path, timeout: float = 30.0) -> Iterator[dict | None
 
         while not _locked(lock) or holder_running() is not None:
             if holder is None:
-                lock.seek(0)
-                with contextlib.suppress(ValueError):  # empty, or half written, the moment a roll takes the lock
-                    holder = json.loads(lock.read()) or None
+                holder = _lock_record(lock)
             now = time.monotonic()
             if now > deadline:
                 raise FleetError(f"{holding(holder)} did not stop within {timeout:.0f}s: nothing stopped")
@@ -154,12 +152,15 @@ def holding(record: dict | None) -> str:
     return f"{record.get('doing', 'a roll')} (pid {record['pid']})"
 
 
-def _holding(lock: IO[str]) -> str:
+def _lock_record(lock: IO[str]) -> dict | None:
+    """The record the lock's holder wrote (only_roll), or None: `down` writes none, and it is empty, or half written,
+    the moment a roll takes the lock."""
     lock.seek(0)
     try:
-        return holding(json.loads(lock.read()))
-    except (ValueError, KeyError, TypeError):  # half written
-        return holding(None)
+        record = json.loads(lock.read())
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "pid" in record else None
 
 
 def _locked(lock: IO[str]) -> bool:
